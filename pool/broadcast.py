@@ -1,0 +1,56 @@
+"""Publish the whole snapshot to the channel layer group "pool": on every enforcer tick and on pool
+changes, at most 10 times a second. Whole snapshots, never deltas: the in-memory layer drops
+messages when a channel is full, and the next snapshot repairs any loss."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+log = logging.getLogger(__name__)
+
+GROUP = "pool"
+MIN_INTERVAL = 0.1
+
+
+class Broadcaster:
+    def __init__(self, runtime):
+        self.runtime = runtime
+        self._pending: asyncio.TimerHandle | None = None
+        self._last = 0.0
+        self._task: asyncio.Task | None = None
+
+    def schedule(self) -> None:
+        """Publish soon: at once if the last one was over 100 ms ago, else when that is true."""
+        if self._pending is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        delay = max(0.0, self._last + MIN_INTERVAL - time.monotonic())
+        self._pending = loop.call_later(delay, self._fire)
+
+    def _fire(self) -> None:
+        self._pending = None
+        self._last = time.monotonic()
+        self._task = asyncio.ensure_future(self.publish_now())
+
+    async def publish_now(self, snapshot: dict | None = None) -> None:
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        try:
+            snapshot = snapshot or self.runtime.snapshot()
+            snapshot["sent_at"] = time.time()
+            await layer.group_send(GROUP, {"type": "pool.snapshot", "snapshot": snapshot})
+        except Exception:  # noqa: BLE001 - a dashboard must never break serving
+            log.exception("could not publish the snapshot")
+
+    def close(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None

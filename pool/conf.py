@@ -1,0 +1,168 @@
+"""Every OMLX_* setting in one place: its name, default, parser and one line of documentation.
+
+Settings are read from the environment when `get_settings()` is first called; `reload_settings()`
+re-reads them (tests). The README documents each entry of `SETTINGS` (a test checks that).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_DURATION = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*$")
+_DURATION_UNITS = {None: 1, "ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+GIB = 2**30
+
+
+def parse_size(text: str | int) -> int:
+    """'6GB' -> 6_000_000_000, '512MiB' -> 536_870_912, '1024' -> 1024 (SI and binary units)."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE.match(str(text))
+    if not m or m[2].lower() not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (use bytes or a unit: KB MB GB TB KiB MiB GiB TiB)")
+    return int(float(m[1]) * _UNITS[m[2].lower()])
+
+
+def parse_duration(text: str | int | float) -> float:
+    """'5m' -> 300, '90' -> 90, '1.5h' -> 5400, '-1' -> -1 (Ollama's keep_alive forms)."""
+    if isinstance(text, bool):
+        raise ValueError(f"not a duration: {text!r}")
+    if isinstance(text, (int, float)):
+        return float(text)
+    m = _DURATION.match(str(text))
+    if not m:
+        raise ValueError(f"not a duration: {text!r} (use seconds or a unit: ms s m h d)")
+    return float(m[1]) * _DURATION_UNITS[m[2]]
+
+
+def size_or_keyword(*keywords: str) -> Callable[[str], int | str]:
+    def parse(text: str) -> int | str:
+        if text.strip().lower() in keywords:
+            return text.strip().lower()
+        return parse_size(text)
+    return parse
+
+
+def optional_duration(text: str) -> float | None:
+    if text.strip().lower() in ("", "off", "none"):
+        return None
+    return parse_duration(text)
+
+
+def fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise ValueError(f"not a fraction in (0, 1]: {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must be >= 0: {text!r}")
+    return value
+
+
+def choice(*options: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text.strip().lower() not in options:
+            raise ValueError(f"{text!r} is not one of {', '.join(options)}")
+        return text.strip().lower()
+    return parse
+
+
+def _hf_cache() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    return Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: str
+    parse: Callable[[str], Any]
+    doc: str
+
+
+SETTINGS: list[Setting] = [
+    Setting("OMLX_HOME", "~/.omlx-site", lambda t: Path(t).expanduser(),
+            "data folder: SQLite database, telemetry, converted models"),
+    Setting("OMLX_MODEL_DIRS", "", lambda t: [Path(p).expanduser() for p in t.split(os.pathsep) if p],
+            "model folders separated by os.pathsep; empty = $OMLX_HOME/models plus the Hugging Face hub cache when it exists"),
+    Setting("OMLX_HOST", "127.0.0.1", str, "address `serve` listens on"),
+    Setting("OMLX_PORT", "8000", int, "port `serve` listens on"),
+    Setting("OMLX_API_KEY", "", str, "unset = open; set = /v1/* and /api/* require `Authorization: Bearer <key>`"),
+    Setting("OMLX_MAX_MODEL_MEMORY", "auto", size_or_keyword("auto", "off"),
+            "model budget: a size, `auto` or `off`"),
+    Setting("OMLX_MAX_LOADED_MODELS", "0", non_negative_int, "at most this many models loaded at once; 0 = no cap"),
+    Setting("OMLX_IDLE_TTL", "off", optional_duration, "unload models idle this long (seconds or `5m`); `off` = never"),
+    Setting("OMLX_MEMORY_CEILING", "auto", size_or_keyword("auto", "off"),
+            "process memory ceiling for the enforcer: a size, `auto` or `off`"),
+    Setting("OMLX_MEMORY_GUARD", "balanced", choice("safe", "balanced", "aggressive"),
+            "reserve kept free under `auto` ceiling: safe 8 GiB, balanced 6 GiB, aggressive 4 GiB (4 GiB under 24 GiB RAM)"),
+    Setting("OMLX_SOFT_FRACTION", "0.90", fraction, "soft pressure line as a fraction of the ceiling"),
+    Setting("OMLX_HARD_FRACTION", "0.95", fraction, "hard pressure line as a fraction of the ceiling"),
+    Setting("OMLX_ADMISSION_WAIT", "30", parse_duration, "seconds a new request may wait while admission is paused"),
+    Setting("OMLX_ADMISSION_QUEUE", "32", non_negative_int, "requests that may wait while admission is paused"),
+    Setting("OMLX_TELEMETRY_DAYS", "7", float, "days of enforcer telemetry kept"),
+    Setting("OMLX_MEMORY_PROBE", "real", choice("real", "fake"),
+            "`fake` reads memory from $OMLX_HOME/fake_probe.json (tests only)"),
+]
+
+
+@dataclass(frozen=True)
+class Settings:
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def model_dirs(self) -> list[Path]:
+        if self.values["model_dirs"]:
+            return self.values["model_dirs"]
+        dirs = [self.home / "models"]
+        if _hf_cache().is_dir():
+            dirs.append(_hf_cache())
+        return dirs
+
+
+class ImproperlyConfigured(ValueError):
+    pass
+
+
+def _attr(name: str) -> str:
+    return name.removeprefix("OMLX_").lower()
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    values = {}
+    for s in SETTINGS:
+        raw = os.environ.get(s.name, s.default)
+        try:
+            values[_attr(s.name)] = s.parse(raw)
+        except ValueError as e:
+            raise ImproperlyConfigured(f"{s.name}={raw!r}: {e}") from e
+    return Settings(values)
+
+
+def reload_settings() -> Settings:
+    get_settings.cache_clear()
+    return get_settings()

@@ -1,0 +1,391 @@
+"""One Engine per loaded model: mlx-lm loading and batched generation on the engine's own thread.
+
+The event loop never touches MLX. It sends commands through a queue; the engine thread runs a
+`BatchGenerator` (continuous batching: requests join and leave between decode steps) and hands
+each token back to the request's asyncio queue with `loop.call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+import mlx.core as mx
+from mlx_lm import load as mlx_load
+from mlx_lm.generate import BatchGenerator, generation_stream
+from mlx_lm.sample_utils import make_sampler
+
+from .native import release_memory
+
+log = logging.getLogger(__name__)
+
+
+class EngineError(RuntimeError):
+    """The engine failed while serving a request (reported as a 500 without a traceback)."""
+
+
+class RequestAborted(RuntimeError):
+    """The request was ended from outside: an unload, or the memory enforcer."""
+
+    code = "request_aborted"
+
+
+class LoadAborted(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of generated text; the last one of a request carries `finish_reason`."""
+    text: str
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    measured_bytes: int
+    seconds: float
+    model_info: dict
+
+
+@dataclass(frozen=True)
+class ReleaseResult:
+    active_before: int
+    active_after: int
+    rss_before: int
+    rss_after: int
+
+    @property
+    def freed_bytes(self) -> int:
+        return max(0, self.active_before - self.active_after)
+
+
+@dataclass
+class _Request:
+    tokens: list[int]
+    params: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue
+    uid: int | None = None
+    detokenizer: Any = None
+    text: str = ""          # decoded so far, not yet emitted
+    generated: int = 0
+    done: bool = False
+
+    def emit(self, item: Chunk | BaseException) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+        except RuntimeError:  # the client's loop is gone
+            pass
+
+
+@dataclass
+class _Command:
+    kind: str                      # "insert" | "cancel" | "call" | "abort_all" | "stop"
+    request: _Request | None = None
+    fn: Callable[[], Any] | None = None
+    future: asyncio.Future | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    message: str = ""
+    error: BaseException | None = None
+
+
+def _resolve(cmd: _Command, result: Any = None, error: BaseException | None = None) -> None:
+    fut, loop = cmd.future, cmd.loop
+    if fut is None or loop is None:
+        return
+
+    def settle():
+        if fut.done():
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+    try:
+        loop.call_soon_threadsafe(settle)
+    except RuntimeError:
+        pass
+
+
+def _rss() -> int:
+    import psutil
+    return psutil.Process().memory_info().rss
+
+
+def _model_info(model, config: dict) -> dict:
+    args = getattr(model, "args", None)
+    layers = getattr(args, "num_hidden_layers", None) or config.get("num_hidden_layers") or len(getattr(model, "layers", []))
+    heads = getattr(args, "num_attention_heads", None) or config.get("num_attention_heads") or 1
+    kv_heads = getattr(args, "num_key_value_heads", None) or config.get("num_key_value_heads") or heads
+    hidden = getattr(args, "hidden_size", None) or config.get("hidden_size") or 0
+    head_dim = getattr(args, "head_dim", None) or config.get("head_dim") or (hidden // heads if heads else 0)
+    dtype = str(config.get("torch_dtype") or "float32")
+    bytes_per_element = 4 if "32" in dtype else 2
+    return {"layers": int(layers), "kv_heads": int(kv_heads), "head_dim": int(head_dim),
+            "bytes_per_element": bytes_per_element,
+            "context_length": config.get("max_position_embeddings")}
+
+
+class Engine:
+    """Owns one model on one thread. Every public coroutine is safe to call from the event loop."""
+
+    def __init__(self, model_id: str, path: Path):
+        self.model_id = model_id
+        self.path = Path(path)
+        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._model = None
+        self._tokenizer = None
+        self._generator: BatchGenerator | None = None
+        self._requests: dict[int, _Request] = {}
+        self._stop_command: _Command | None = None
+        self.abort_load = False
+        self.model_info: dict = {}
+        self.active_requests = 0
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def load(self) -> LoadResult:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._thread = threading.Thread(target=self._run, args=(loop, fut), name=f"engine:{self.model_id}",
+                                        daemon=True)
+        self._thread.start()
+        return await fut
+
+    async def stop(self, message: str = "the model was unloaded") -> ReleaseResult:
+        """End every request, free the model and end the thread; returns what was measured."""
+        if self._thread is None or not self._thread.is_alive():
+            return ReleaseResult(0, 0, 0, 0)
+        return await self._send("stop", message=message)
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """Run fn on the engine thread between decode steps (MLX work that must not leave it)."""
+        return await self._send("call", fn=fn)
+
+    def abort_all(self, message: str, code: str = "request_aborted") -> None:
+        """End every running request with `RequestAborted(message)`; the model stays loaded."""
+        error = RequestAborted(message)
+        error.code = code
+        self.abort_all_with(error)
+
+    def abort_all_with(self, error: RequestAborted) -> None:
+        self._commands.put(_Command("abort_all", error=error))
+
+    async def _send(self, kind: str, **kw) -> Any:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._commands.put(_Command(kind, future=fut, loop=loop, **kw))
+        return await fut
+
+    # ---- prompts ---------------------------------------------------------------------------
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        tok = self._tokenizer
+        if getattr(tok, "has_chat_template", False):
+            return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+        return list(tok.encode(text))
+
+    def encode_text(self, prompt: str) -> list[int]:
+        return list(self._tokenizer.encode(prompt))
+
+    # ---- generation ------------------------------------------------------------------------
+
+    async def generate(self, tokens: list[int], params: SamplingParams) -> AsyncIterator[Chunk]:
+        """Yield chunks of text. Closing or cancelling the iterator removes the request from the
+        batch before the next decode step."""
+        loop = asyncio.get_running_loop()
+        req = _Request(tokens=tokens, params=params, loop=loop, events=asyncio.Queue())
+        self._commands.put(_Command("insert", request=req))
+        try:
+            while True:
+                item = await req.events.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            if not req.done:
+                self._commands.put(_Command("cancel", request=req))
+
+    # ---- the engine thread -----------------------------------------------------------------
+
+    def _run(self, loop: asyncio.AbstractEventLoop, load_future: asyncio.Future) -> None:
+        load_cmd = _Command("load", future=load_future, loop=loop)
+        try:
+            try:
+                result = self._load()
+            except BaseException as e:  # noqa: BLE001 - reported to the waiting coroutine
+                self._drop_model()
+                _resolve(load_cmd, error=e)
+                return
+            if self.abort_load:
+                self._drop_model()
+                _resolve(load_cmd, error=LoadAborted("load aborted: process memory pressure"))
+                return
+            _resolve(load_cmd, result)
+            self._serve()
+        finally:
+            mx.synchronize()
+            mx.clear_streams()  # without this ~13% of processes abort at exit
+
+    def _load(self) -> LoadResult:
+        before = mx.get_active_memory()
+        started = time.perf_counter()
+        model, tokenizer, config = mlx_load(str(self.path), return_config=True)
+        mx.synchronize(generation_stream)
+        self._model, self._tokenizer = model, tokenizer
+        self.model_info = _model_info(model, config)
+        self._generator = self._new_generator()
+        return LoadResult(measured_bytes=max(0, mx.get_active_memory() - before),
+                          seconds=time.perf_counter() - started, model_info=self.model_info)
+
+    def _new_generator(self) -> BatchGenerator:
+        stop = [[t] for t in sorted(self._tokenizer.eos_token_ids)]
+        return BatchGenerator(self._model, stop_tokens=stop, stream=generation_stream)
+
+    def _serve(self) -> None:
+        while self._stop_command is None:
+            self._handle_commands(block=not self._requests)
+            if self._requests and self._stop_command is None:
+                self._step()
+        self._release(self._stop_command)
+
+    def _handle_commands(self, block: bool) -> None:
+        while True:
+            try:
+                cmd = self._commands.get(block=block)
+            except queue.Empty:
+                return
+            block = False
+            if cmd.kind == "insert":
+                self._insert(cmd.request)
+            elif cmd.kind == "cancel":
+                self._remove(cmd.request)
+            elif cmd.kind == "abort_all":
+                self._abort_all(cmd.error)
+            elif cmd.kind == "call":
+                try:
+                    _resolve(cmd, cmd.fn())
+                except BaseException as e:  # noqa: BLE001
+                    _resolve(cmd, error=e)
+            elif cmd.kind == "stop":
+                self._stop_command = cmd
+                return
+
+    def _insert(self, req: _Request) -> None:
+        p = req.params
+        if p.seed is not None:
+            mx.random.seed(p.seed)
+        try:
+            (req.uid,) = self._generator.insert(
+                [req.tokens], max_tokens=[p.max_tokens],
+                samplers=[make_sampler(temp=p.temperature, top_p=p.top_p if p.top_p < 1.0 else 0.0)])
+        except Exception as e:  # noqa: BLE001
+            req.done = True
+            req.emit(EngineError(f"could not start generation: {e}"))
+            return
+        req.detokenizer = self._tokenizer.detokenizer
+        self._requests[req.uid] = req
+        self.active_requests = len(self._requests)
+
+    def _remove(self, req: _Request) -> None:
+        if req.uid is not None and self._requests.pop(req.uid, None) is not None:
+            self._generator.remove([req.uid])
+        req.done = True
+        self.active_requests = len(self._requests)
+
+    def _abort_all(self, error: BaseException) -> None:
+        for req in list(self._requests.values()):
+            self._remove(req)
+            req.emit(error)
+
+    def _step(self) -> None:
+        try:
+            _, responses = self._generator.next()
+        except Exception as e:  # noqa: BLE001 - one bad step must not kill the thread
+            log.exception("generation step failed on %s", self.model_id)
+            self._abort_all(EngineError(f"generation failed: {type(e).__name__}"))
+            self._generator = self._new_generator()
+            return
+        for r in responses:
+            req = self._requests.get(r.uid)
+            if req is not None:
+                self._deliver(req, r.token, r.finish_reason)
+
+    def _deliver(self, req: _Request, token: int, finish_reason: str | None) -> None:
+        detok = req.detokenizer
+        if finish_reason != "stop":  # the stop (EOS) token itself is not text
+            detok.add_token(token)
+            req.generated += 1
+        if finish_reason is not None:
+            detok.finalize()
+        req.text += detok.last_segment
+        stop_at = _find_stop(req.text, req.params.stop)
+        if stop_at is not None:
+            req.text, finish_reason = req.text[:stop_at], "stop"
+        if finish_reason is None:
+            emit = req.text[: len(req.text) - _holdback(req.text, req.params.stop)]
+            req.text = req.text[len(emit):]
+            if emit:
+                req.emit(Chunk(emit))
+            return
+        req.emit(Chunk(req.text, finish_reason, len(req.tokens), req.generated))
+        req.text = ""
+        self._remove(req)
+
+    def _release(self, cmd: _Command) -> None:
+        rss_before, active_before = _rss(), mx.get_active_memory()
+        error = RequestAborted(cmd.message or "the model was unloaded")
+        error.code = "model_unloaded"
+        self._abort_all(error)
+        mx.synchronize(generation_stream)  # mlx-lm's look-ahead step still holds arrays
+        self._drop_model()
+        _resolve(cmd, ReleaseResult(active_before, mx.get_active_memory(), rss_before, _rss()))
+
+    def _drop_model(self) -> None:
+        if self._generator is not None:
+            self._generator.close()
+        self._generator = self._model = self._tokenizer = None
+        self._requests.clear()
+        release_memory()
+
+
+def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(hits) if hits else None
+
+
+def _holdback(text: str, stops: tuple[str, ...]) -> int:
+    """How many trailing characters could still start a stop string (kept until we know)."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:n]):
+                best = max(best, n)
+                break
+    return best

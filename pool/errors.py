@@ -1,0 +1,77 @@
+"""Domain errors. Each knows its HTTP status and OpenAI error code; pool/api/errors.py renders
+them, in one place, as OpenAI's envelope."""
+
+from __future__ import annotations
+
+
+class PoolError(Exception):
+    status = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None, **extra):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.headers = headers or {}
+        self.extra = extra
+
+
+class BadRequest(PoolError):
+    status, type = 400, "invalid_request_error"
+
+
+class Unauthorized(PoolError):
+    status, type, code = 401, "authentication_error", "invalid_api_key"
+
+
+class Forbidden(PoolError):
+    status, type, code = 403, "permission_error", "forbidden"
+
+
+class ModelNotFound(PoolError):
+    status, type, code = 404, "invalid_request_error", "model_not_found"
+
+
+class NotFound(PoolError):
+    status, type, code = 404, "invalid_request_error", "not_found"
+
+
+class MethodNotAllowed(PoolError):
+    status, type, code = 405, "invalid_request_error", "method_not_allowed"
+
+
+class ModelUnavailable(PoolError):
+    """The model failed to load; not retried until models are re-discovered."""
+    status, type, code = 409, "invalid_request_error", "model_unavailable"
+
+
+class ModelBusy(PoolError):
+    status, type, code = 409, "invalid_request_error", "model_busy"
+
+
+class LoadAborted(PoolError):
+    status, type, code = 409, "invalid_request_error", "load_aborted"
+
+
+class InsufficientMemory(PoolError):
+    status, type, code = 507, "server_error", "insufficient_memory"
+
+
+class ModelTooLarge(InsufficientMemory):
+    code = "model_too_large"
+
+
+class ServiceUnavailable(PoolError):
+    """Admission paused by memory pressure, or a request aborted by the enforcer."""
+    status, type, code = 503, "server_error", "memory_pressure"
+
+    def __init__(self, message: str, *, retry_after: int = 5, **kw):
+        super().__init__(message, headers={"Retry-After": str(retry_after)}, **kw)
+
+
+class EngineFailure(PoolError):
+    status, type, code = 500, "server_error", "engine_error"

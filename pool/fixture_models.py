@@ -1,0 +1,95 @@
+"""Random-weight llama model folders of a chosen size, for tests and benchmarks.
+
+Weights come from MLX's default layer init (seeded), so the model loads and generates valid,
+meaningless tokens. The vocabulary comes from a real tokenizer folder (the converted demo model)
+so every token id is in range. With 49152 tokens the tied embedding dominates small models
+(vocab * hidden * 4 bytes: 12.6 MB at hidden 64), so small targets get narrow hidden sizes and
+the feed-forward width absorbs what is left, which lands the file within a fraction of a percent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+from pathlib import Path
+
+from pool.gguf import replace_dir
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                   "special_tokens_map.json", "generation_config.json")
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def plan(target_bytes: float, vocab: int, itemsize: int = 4, max_layers: int = 24) -> dict:
+    """Shape for a tied-embedding llama of about target_bytes: the smallest hidden size that needs
+    <= max_layers, or the widest that fits; then the FFN width fills the rest."""
+    params = target_bytes / itemsize
+    best = None
+    for hidden in [*range(16, 256, 16), *range(256, 16385, 64)]:
+        rest = params - vocab * hidden - hidden  # embedding (also the output head) + final norm
+        attention = 4 * hidden * hidden + 2 * hidden  # q, k, v, o + two norms per layer
+        if rest < attention + 3 * hidden:  # not even one layer with a 1-wide FFN
+            break
+        inter = 16 * max(1, round(hidden * 8 / 3 / 16))
+        best = hidden, max(1, round(rest / (attention + 3 * hidden * inter)))
+        if best[1] <= max_layers:
+            break
+    if best is None:
+        raise ValueError(f"{target_bytes / 1e6:.1f} MB is too small for a {vocab}-token vocabulary")
+    hidden, layers = best[0], min(best[1], max_layers)
+    rest = params - vocab * hidden - hidden
+    inter = max(1, round((rest / layers - 4 * hidden * hidden - 2 * hidden) / (3 * hidden)))
+    head_dim = math.gcd(hidden, 64)
+    return {"hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+            "num_attention_heads": hidden // head_dim, "num_key_value_heads": hidden // head_dim,
+            "head_dim": head_dim}
+
+
+def planned_bytes(shape: dict, vocab: int, itemsize: int = 4) -> int:
+    h, i, n = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
+    return itemsize * (vocab * h + h + n * (4 * h * h + 3 * h * i + 2 * h))
+
+
+def make_fixture_model(out_dir: str | Path, size_mb: float, *, tokenizer_from: str | Path,
+                       dtype: str = "float32", seed: int = 0) -> dict:
+    """Write a random llama folder of about size_mb megabytes (10**6 bytes) at out_dir, replacing it,
+    and return its config. Written into a hidden sibling temp folder and renamed into place."""
+    import mlx.core as mx
+    from mlx_lm.models import llama
+    from mlx_lm.utils import save_config, save_model
+    from tokenizers import Tokenizer
+
+    src, out = Path(tokenizer_from), Path(out_dir)
+    if not (src / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"no tokenizer.json in {src} (convert the demo model first: "
+                                f"python manage.py prepare_demo)")
+    if dtype not in ITEMSIZE:
+        raise ValueError(f"dtype must be one of {', '.join(ITEMSIZE)}, got {dtype!r}")
+    vocab = Tokenizer.from_file(str(src / "tokenizer.json")).get_vocab_size()
+    src_cfg = json.loads((src / "config.json").read_text()) if (src / "config.json").is_file() else {}
+    config = {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+        **plan(size_mb * 1e6, vocab, ITEMSIZE[dtype]),
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 8192,
+        "vocab_size": vocab, "tie_word_embeddings": True, "torch_dtype": dtype,
+        **{k: src_cfg[k] for k in ("bos_token_id", "eos_token_id") if k in src_cfg},
+    }
+    mx.random.seed(seed)
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    model.set_dtype(getattr(mx, dtype))
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    tmp.chmod(0o755)
+    try:
+        save_model(tmp, model, donate_model=True)
+        for name in TOKENIZER_FILES:
+            if (src / name).is_file():
+                shutil.copy(src / name, tmp / name)
+        save_config(config, tmp / "config.json")  # last: a folder with config.json is complete
+        replace_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return config

@@ -1,0 +1,49 @@
+"""`python manage.py serve [--host H] [--port P]`: Daphne serving omlx_site.asgi:application.
+
+The pool, the enforcer and pinned-model preloads start as soon as the server is ready, and stop
+cleanly (engine threads ended, models released) before the reactor shuts down."""
+
+import asyncio
+import logging
+import sys
+
+from django.core.management.base import BaseCommand
+
+from pool.conf import get_settings
+
+log = logging.getLogger("pool")
+
+
+class Command(BaseCommand):
+    help = "Serve the OpenAI-style API and the dashboard with Daphne."
+    requires_system_checks = []
+
+    def add_arguments(self, parser):
+        conf = get_settings()
+        parser.add_argument("--host", default=conf.host)
+        parser.add_argument("--port", type=int, default=conf.port)
+
+    def handle(self, *args, host, port, **options):
+        from daphne.endpoints import build_endpoint_description_strings
+        from daphne.server import Server
+        from twisted.internet import defer, reactor
+
+        from omlx_site.asgi import application
+        from pool.runtime import get_runtime
+
+        runtime = get_runtime()
+
+        def ready():
+            asyncio.ensure_future(runtime.start())
+            self.stdout.write(f"omlx-site serving on http://{host}:{port}/ (models in "
+                              f"{', '.join(str(d) for d in runtime.settings.model_dirs)})")
+            self.stdout.flush()
+
+        def before_shutdown():
+            return defer.Deferred.fromFuture(asyncio.ensure_future(runtime.stop()))
+
+        reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)
+        logging.getLogger("daphne").setLevel(logging.WARNING)
+        Server(application=application, endpoints=build_endpoint_description_strings(host=host, port=port), ready_callable=ready,
+               application_close_timeout=5, websocket_handshake_timeout=5, verbosity=0).run()
+        sys.stdout.flush()

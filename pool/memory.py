@@ -1,0 +1,120 @@
+"""MemoryProbe: one reading of MLX, process and system memory. A fake, driven by a JSON file,
+lets tests give the enforcer and the admission policy exact numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    active: int           # MLX active memory
+    cache: int            # MLX buffer cache (reclaimable)
+    peak: int             # MLX peak memory
+    rss: int              # process resident memory (phys_footprint on macOS where available)
+    total: int            # system RAM
+    available: int        # system available memory
+    device_total: int | None = None   # discrete GPU memory, where MLX reports one
+    device_limit: int | None = None   # working-set limit (Metal's recommended size), where one exists
+    discrete_gpu: bool = False
+    prompt_cache: int = 0
+
+    @property
+    def usage(self) -> int:
+        """Bytes counted against the ceiling. Unified memory and the CPU backend: whichever is
+        larger of what the process holds and what MLX holds. A discrete GPU: MLX's own bytes."""
+        mlx = self.active + self.cache
+        return mlx if self.discrete_gpu else max(self.rss, mlx)
+
+    @property
+    def capacity(self) -> int:
+        """The memory the usage is measured against: the GPU's on a discrete GPU, else RAM."""
+        return self.device_total if self.discrete_gpu and self.device_total else self.total
+
+    @property
+    def reclaimable(self) -> int:
+        return self.cache + self.prompt_cache
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "usage": self.usage, "reclaimable": self.reclaimable}
+
+
+def _phys_footprint() -> int | None:
+    if sys.platform != "darwin":
+        return None
+    try:
+        info = psutil.Process().memory_full_info()
+        return getattr(info, "phys_footprint", None) or getattr(info, "uss", None)
+    except (psutil.Error, AttributeError):
+        return None
+
+
+def _device() -> tuple[int | None, int | None, bool]:
+    import mlx.core as mx
+    try:
+        info = mx.device_info()
+    except Exception:  # noqa: BLE001 - older mlx or no device
+        return None, None, False
+    total = info.get("memory_size") or info.get("total_memory")
+    limit = info.get("max_recommended_working_set_size")
+    discrete = bool(total) and not mx.metal.is_available() and mx.default_device().type == mx.gpu
+    return (int(total) if total else None, int(limit) if limit else None, discrete)
+
+
+class RealProbe:
+    def __init__(self):
+        self._device = None
+        self.prompt_cache_bytes = lambda: 0
+
+    def read(self) -> MemoryReading:
+        import mlx.core as mx
+        if self._device is None:
+            self._device = _device()
+        vm = psutil.virtual_memory()
+        rss = _phys_footprint() or psutil.Process().memory_info().rss
+        total, limit, discrete = self._device
+        return MemoryReading(active=mx.get_active_memory(), cache=mx.get_cache_memory(),
+                             peak=mx.get_peak_memory(), rss=rss, total=vm.total, available=vm.available,
+                             device_total=total, device_limit=limit, discrete_gpu=discrete,
+                             prompt_cache=self.prompt_cache_bytes())
+
+
+class FakeProbe:
+    """Reads `$OMLX_HOME/fake_probe.json` on every call, e.g. {"rss": 1e9, "total": 8e9}.
+    Missing keys come from the real probe, so a test can pin only what it cares about;
+    `"extra_rss"` adds to the real resident size."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.real = RealProbe()
+
+    @property
+    def prompt_cache_bytes(self):
+        return self.real.prompt_cache_bytes
+
+    @prompt_cache_bytes.setter
+    def prompt_cache_bytes(self, fn):
+        self.real.prompt_cache_bytes = fn
+
+    def read(self) -> MemoryReading:
+        real = self.real.read()
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        fields = asdict(real)
+        fields["rss"] += int(data.pop("extra_rss", 0))
+        fields.update({k: (int(v) if isinstance(v, (int, float)) else v) for k, v in data.items() if k in fields})
+        return MemoryReading(**fields)
+
+
+def make_probe(settings) -> RealProbe | FakeProbe:
+    if settings.memory_probe == "fake":
+        return FakeProbe(Path(os.fspath(settings.home)) / "fake_probe.json")
+    return RealProbe()

@@ -1,0 +1,89 @@
+"""The one pool, enforcer and broadcaster of this server process, started once.
+
+Daphne has no lifespan protocol: `serve` starts the runtime when the server is ready, and the
+first request starts it otherwise (never AppConfig.ready(), which also runs for migrate)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from .conf import get_settings
+from .engine_pool import EnginePool
+from .memory import make_probe
+
+log = logging.getLogger(__name__)
+
+
+class Runtime:
+    def __init__(self):
+        from .broadcast import Broadcaster
+        from .enforcer import ProcessMemoryEnforcer
+        from .services import record_event
+
+        self.settings = get_settings()
+        self.probe = make_probe(self.settings)
+        self.pool = EnginePool(self.settings, self.probe, recorder=record_event)
+        self.enforcer = ProcessMemoryEnforcer(self.pool, self.probe, self.settings)
+        self.broadcaster = Broadcaster(self)
+        self.pool.listeners.append(self._on_pool_change)
+        self.started = False
+        self._start_lock: asyncio.Lock | None = None
+
+    def _on_pool_change(self, why: str) -> None:
+        self.enforcer.wake(active=why in ("request_start", "load_start"))
+        self.broadcaster.schedule()
+
+    def snapshot(self) -> dict:
+        from .snapshot import build
+        return build(self.pool, self.probe.read(), self.enforcer.state())
+
+    async def start(self) -> None:
+        from .services import load_all_settings
+
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self.started:
+                return
+            self.pool.rediscover()
+            await load_all_settings(self.pool)
+            self.enforcer.start()
+            await self.pool.preload_pinned()
+            self.started = True
+            log.info("pool ready: %d models in %s", len(self.pool.entries),
+                     ", ".join(str(d) for d in self.settings.model_dirs))
+
+    async def stop(self) -> None:
+        await self.enforcer.stop()
+        await self.pool.shutdown()
+        self.broadcaster.close()
+
+
+_runtime: Runtime | None = None
+
+
+def get_runtime() -> Runtime:
+    global _runtime
+    if _runtime is None:
+        _runtime = Runtime()
+    return _runtime
+
+
+def get_pool() -> EnginePool:
+    return get_runtime().pool
+
+
+async def ensure_started() -> Runtime:
+    runtime = get_runtime()
+    if not runtime.started:
+        await runtime.start()
+    return runtime
+
+
+async def reset_runtime() -> None:
+    """Tests: stop this process's runtime so the next one starts from the environment again."""
+    global _runtime
+    if _runtime is not None:
+        await _runtime.stop()
+    _runtime = None

