@@ -55,6 +55,7 @@ class Runtime:
                      ", ".join(str(d) for d in self.settings.model_dirs))
 
     async def stop(self) -> None:
+        log.info("stopping: ending engine threads")
         await self.enforcer.stop()
         await self.pool.shutdown()
         self.broadcaster.close()

@@ -175,7 +175,10 @@ class Engine:
         """End every request, free the model and end the thread; returns what was measured."""
         if self._thread is None or not self._thread.is_alive():
             return ReleaseResult(0, 0, 0, 0)
-        return await self._send("stop", message=message)
+        result = await self._send("stop", message=message)
+        # the thread still has to end its MLX streams; a process that exits first can abort
+        await asyncio.to_thread(self._thread.join, 30)
+        return result
 
     async def call(self, fn: Callable[[], Any]) -> Any:
         """Run fn on the engine thread between decode steps (MLX work that must not leave it)."""

@@ -1,0 +1,160 @@
+"""The OpenAI routes through a real Daphne server, with the official openai client and plain HTTP."""
+
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import DEMO
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def server(request, tmp_path_factory, migrated_db, demo_model_dir, make_model):
+    import shutil
+    import os
+    from tests.conftest import Server, free_port
+
+    home = tmp_path_factory.mktemp("api-home")
+    (home / "models").mkdir()
+    shutil.copy(migrated_db, home / "omlx.sqlite3")
+    (home / "models" / DEMO).symlink_to(demo_model_dir)
+    (home / "models" / "tiny").symlink_to(make_model("tiny-20", 20))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_")}
+    env.update(OMLX_HOME=str(home), OMLX_MODEL_DIRS=str(home / "models"), PYTHONUNBUFFERED="1")
+    s = Server(home, free_port(), env).start()
+    yield s
+    assert s.stop() == 0, s.log_text()[-3000:]
+
+
+def test_health_and_models(server):
+    assert server.get("/health").json() == {"status": "ok"}
+    client = server.openai()
+    ids = [m.id for m in client.models.list().data]
+    assert DEMO in ids and "tiny" in ids
+    assert client.models.retrieve(DEMO).id == DEMO
+
+
+def test_demo_model_says_paris(server):
+    reply = server.openai().chat.completions.create(model=DEMO, messages=QUESTION, max_tokens=16, temperature=0)
+    assert "Paris" in reply.choices[0].message.content
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.usage.prompt_tokens > 0 and reply.usage.completion_tokens > 0
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+
+def test_streaming_with_usage(server):
+    stream = server.openai().chat.completions.create(model=DEMO, messages=QUESTION, max_tokens=16, temperature=0,
+                                                     stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "Paris" in text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+
+
+def test_length_and_stop(server):
+    client = server.openai()
+    short = client.completions.create(model="tiny", prompt="Hello", max_tokens=3)
+    assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 3
+    stopped = client.chat.completions.create(model=DEMO, messages=QUESTION, max_tokens=16, temperature=0,
+                                             stop=["France"])
+    assert stopped.choices[0].finish_reason == "stop"
+    assert "France" not in stopped.choices[0].message.content
+
+
+def test_completions_stream(server):
+    stream = server.openai().completions.create(model="tiny", prompt="Hello", max_tokens=4, stream=True)
+    chunks = list(stream)
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_seed_repeats(server):
+    client = server.openai()
+    a = client.completions.create(model="tiny", prompt="Hi", max_tokens=6, temperature=1.0, seed=7)
+    b = client.completions.create(model="tiny", prompt="Hi", max_tokens=6, temperature=1.0, seed=7)
+    assert a.choices[0].text == b.choices[0].text
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": QUESTION}, "model"),
+    ({"model": DEMO}, "messages"),
+    ({"model": DEMO, "messages": []}, "messages"),
+    ({"model": DEMO, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"model": DEMO, "messages": QUESTION, "max_tokens": 0}, "max_tokens"),
+    ({"model": DEMO, "messages": QUESTION, "max_tokens": "ten"}, "max_tokens"),
+    ({"model": DEMO, "messages": QUESTION, "temperature": 9}, "temperature"),
+    ({"model": DEMO, "messages": QUESTION, "top_p": 0}, "top_p"),
+    ({"model": DEMO, "messages": QUESTION, "stop": 5}, "stop"),
+    ({"model": DEMO, "messages": QUESTION, "stream": "yes"}, "stream"),
+    ({"model": DEMO, "messages": QUESTION, "keep_alive": "soon"}, "keep_alive"),
+])
+def test_bad_fields_are_400_naming_the_field(server, body, param):
+    r = server.post("/v1/chat/completions", body)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert set(error) >= {"message", "type", "param", "code"}
+
+
+def test_malformed_json(server):
+    r = server.post("/v1/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_unknown_model_404_lists_ids(server):
+    r = server.post("/v1/chat/completions", {"model": "nope", "messages": QUESTION})
+    assert r.status_code == 404
+    error = r.json()["error"]
+    assert error["code"] == "model_not_found" and DEMO in error["message"] and "tiny" in error["message"]
+    assert server.get("/v1/models/nope").status_code == 404
+    with pytest.raises(openai.NotFoundError):
+        server.openai().chat.completions.create(model="nope", messages=QUESTION)
+
+
+def test_wrong_method_405(server):
+    r = server.get("/v1/chat/completions")
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+    assert server.post("/v1/models", {}).status_code == 405
+
+
+def test_unknown_api_path_is_enveloped(server):
+    r = server.get("/v1/nothing-here")
+    assert r.status_code == 404 and "error" in r.json()
+
+
+def test_health_answers_while_generating(server):
+    """The event loop never blocks: /health stays fast during a long generation."""
+    done = threading.Event()
+
+    def long_generation():
+        server.post("/v1/completions", {"model": DEMO, "prompt": "Once upon a time", "max_tokens": 40})
+        done.set()
+
+    worker = threading.Thread(target=long_generation)
+    worker.start()
+    time.sleep(0.5)
+    latencies = []
+    while not done.is_set() and len(latencies) < 20:
+        started = time.monotonic()
+        assert server.get("/health").status_code == 200
+        latencies.append(time.monotonic() - started)
+        time.sleep(0.05)
+    worker.join()
+    assert latencies and max(latencies) < 1.0, latencies
+
+
+def test_disconnect_stops_generation(server):
+    """A client that goes away mid-stream: the engine forgets the request."""
+    with httpx.stream("POST", server.url + "/v1/completions",
+                      json={"model": DEMO, "prompt": "Once upon a time", "max_tokens": 500, "stream": True},
+                      timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                break
+        assert server.model(DEMO)["active_requests"] == 1
+    server.wait_for(lambda: server.model(DEMO)["active_requests"] == 0, timeout=5)

