@@ -155,6 +155,6 @@ def test_disconnect_stops_generation(server):
                       timeout=60) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
-                break
-        assert server.model(DEMO)["active_requests"] == 1
+                assert server.model(DEMO)["active_requests"] == 1
+                break  # closes the connection
     server.wait_for(lambda: server.model(DEMO)["active_requests"] == 0, timeout=5)
