@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +71,7 @@ class EnginePool:
         self.loads_total = 0
         self.load_seconds_total = 0.0
         self._tasks: set[asyncio.Task] = set()
+        self.recent_events: deque[dict] = deque(maxlen=50)   # newest last; shown live by the dashboard
 
     # ---- discovery and settings -------------------------------------------------------------
 
@@ -321,11 +323,14 @@ class EnginePool:
     # ---- plumbing ----------------------------------------------------------------------------
 
     async def record(self, **event) -> None:
+        row = None
         if self.recorder is not None:
             try:
-                await self.recorder(**event)
+                row = await self.recorder(**event)
             except Exception:  # noqa: BLE001 - history must never break serving
                 log.exception("could not record event %s", event.get("reason"))
+        self.recent_events.append(row.as_dict() if row is not None else
+                                  {"model": event.get("model_id"), "time": self.clock(), **event})
         self.changed("event")
 
     def changed(self, why: str) -> None:

@@ -39,7 +39,7 @@ class Runtime:
         return build(self.pool, self.probe.read(), self.enforcer.state())
 
     async def start(self) -> None:
-        from .services import load_all_settings
+        from .services import load_all_settings, recent_events
 
         if self._start_lock is None:
             self._start_lock = asyncio.Lock()
@@ -48,6 +48,7 @@ class Runtime:
                 return
             self.pool.rediscover()
             await load_all_settings(self.pool)
+            self.pool.recent_events.extend(reversed(await recent_events(limit=50)))
             self.enforcer.start()
             await self.pool.preload_pinned()
             self.started = True

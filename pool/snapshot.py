@@ -59,4 +59,5 @@ def build(pool, reading, enforcer_state: dict[str, Any] | None = None) -> dict[s
     }
     memory.update(enforcer_state or {})
     return {"type": "snapshot", "time": now, "models": models, "memory": memory,
-            "max_loaded_models": pool.conf.max_loaded_models or None}
+            "max_loaded_models": pool.conf.max_loaded_models or None,
+            "events": list(reversed(pool.recent_events))}
