@@ -1,0 +1,206 @@
+"""The engine pool end to end: real fixture models of known sizes behind a real server. After each
+step the snapshot, the eviction history and MLX's active memory agree."""
+
+import threading
+import time
+
+import httpx
+import pytest
+
+MB = 10**6
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def models(make_model):
+    return {name: make_model(f"pool-{name}", 30, seed=i) for i, name in enumerate("abc")}
+
+
+def ask(server, model, **body):
+    return server.post("/v1/chat/completions", {"model": model, "messages": CHAT, "max_tokens": 2, **body})
+
+
+def states(server):
+    return {m["id"]: m["state"] for m in server.pool()["models"]}
+
+
+def evictions(server, **params):
+    return server.get("/api/evictions", params=params).json()["events"]
+
+
+def hold(server, model, **body):
+    """Start a long streaming request and keep it open until the returned event is set."""
+    release, started = threading.Event(), threading.Event()
+
+    def run():
+        with httpx.stream("POST", server.url + "/v1/completions", timeout=60,
+                          json={"model": model, "prompt": "x", "max_tokens": 100000, "stream": True, **body}) as r:
+            for line in r.iter_lines():
+                started.set()
+                if release.is_set():
+                    break
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert started.wait(30)
+    server.wait_for(lambda: server.model(model)["active_requests"] == 1 and server.model(model)["state"] == "loaded")
+    return release, thread
+
+
+def assert_memory_agrees(server):
+    snap = server.pool()
+    loaded = [m for m in snap["models"] if m["state"] == "loaded"]
+    measured = sum(m["measured_bytes"] for m in loaded)
+    assert snap["memory"]["model_bytes"] == measured
+    # MLX's own count: the weights plus at most a little working memory
+    assert measured - 2 * MB <= snap["memory"]["active_bytes"] <= measured + 8 * MB, snap["memory"]
+
+
+def test_three_models_rotate_under_a_small_budget(start_server, models):
+    server = start_server(models, demo=False, OMLX_MAX_MODEL_MEMORY="80MB")
+    assert server.post("/api/models/a/load", {}).status_code == 200
+    assert ask(server, "b").status_code == 200
+    assert states(server) == {"a": "loaded", "b": "loaded", "c": "unloaded"}
+    assert_memory_agrees(server)
+    plan = server.get("/api/models/c/load-plan").json()
+    assert plan["fits"] and plan["evicts"] == ["a"]
+    assert states(server)["a"] == "loaded"  # a plan changes nothing
+
+    assert ask(server, "c").status_code == 200  # a is least recently used
+    assert states(server) == {"a": "unloaded", "b": "loaded", "c": "loaded"}
+    [event] = evictions(server)
+    assert (event["model"], event["reason"], event["requested_by"]) == ("a", "lru", "c")
+    assert event["freed_bytes"] >= 0.9 * 30 * MB and not event["warning"]
+    assert_memory_agrees(server)
+
+    assert ask(server, "b").status_code == 200  # b is now the most recent: c goes next
+    assert ask(server, "a").status_code == 200
+    assert states(server) == {"a": "loaded", "b": "loaded", "c": "unloaded"}
+    assert [e["model"] for e in evictions(server)] == ["c", "a"]
+    assert [e["model"] for e in evictions(server, model="a")] == ["a"]
+    assert_memory_agrees(server)
+
+
+def test_pinned_and_busy_models_are_never_victims(start_server, models):
+    server = start_server(models, demo=False, OMLX_MAX_MODEL_MEMORY="80MB")
+    ask(server, "a"), ask(server, "b")
+    r = server.post("/admin/model/a/settings", {"is_pinned": True})
+    assert r.status_code == 200 and r.json()["is_pinned"] is True
+    assert ask(server, "c").status_code == 200  # a is older but pinned: b goes
+    assert states(server) == {"a": "loaded", "b": "unloaded", "c": "loaded"}
+
+    release, thread = hold(server, "c")  # c busy, a pinned: nothing can go
+    r = ask(server, "b")
+    assert r.status_code == 507
+    error = r.json()["error"]
+    assert error["code"] == "insufficient_memory" and "'a'" in error["message"] and "'c'" in error["message"]
+    assert states(server) == {"a": "loaded", "b": "unloaded", "c": "loaded"}  # nothing unloaded
+    assert server.post("/api/models/c/unload", {}).status_code == 409  # busy
+    release.set()
+    thread.join(10)
+    server.wait_for(lambda: server.model("c")["active_requests"] == 0)
+    assert server.post("/api/models/a/unload", {}).status_code == 200  # a pin does not stop a manual unload
+    assert evictions(server)[0]["reason"] == "manual"
+
+
+def test_too_large_and_count_cap(start_server, models):
+    server = start_server(models, demo=False, OMLX_MAX_MODEL_MEMORY="20MB")
+    r = ask(server, "a")
+    assert r.status_code == 507 and r.json()["error"]["code"] == "model_too_large"
+    server = start_server(models, demo=False, OMLX_MAX_MODEL_MEMORY="off", OMLX_MAX_LOADED_MODELS="1")
+    ask(server, "a"), ask(server, "b")
+    assert states(server) == {"a": "unloaded", "b": "loaded", "c": "unloaded"}
+    assert evictions(server)[0]["reason"] == "count_cap"
+
+
+def test_force_unload_aborts_requests(start_server, models):
+    server = start_server(models, demo=False)
+    chunks = []
+
+    def stream():
+        with httpx.stream("POST", server.url + "/v1/completions", timeout=60,
+                          json={"model": "a", "prompt": "x", "max_tokens": 100000, "stream": True}) as r:
+            chunks.extend(r.iter_lines())
+    thread = threading.Thread(target=stream)
+    thread.start()
+    server.wait_for(lambda: server.model("a")["active_requests"] == 1 and server.model("a")["state"] == "loaded")
+    assert server.post("/api/models/a/unload", {"force": True}).status_code == 200
+    thread.join(20)
+    data = [c for c in chunks if c.startswith("data: ")]
+    assert '"error"' in data[-2] and data[-1] == "data: [DONE]"
+    assert server.model("a")["state"] == "unloaded"
+
+
+def test_ttl_and_keep_alive(start_server, models):
+    server = start_server(models, demo=False, OMLX_IDLE_TTL="1")
+    ask(server, "a")
+    server.wait_for(lambda: server.model("a")["state"] == "unloaded", timeout=10)
+    assert evictions(server)[0]["reason"] == "ttl"
+
+    server.post("/admin/model/b/settings", {"is_pinned": True})
+    ask(server, "b")
+    time.sleep(1.5)
+    assert server.model("b")["state"] == "loaded"  # pinned models never expire
+
+    ask(server, "c", keep_alive=0)
+    server.wait_for(lambda: server.model("c")["state"] == "unloaded", timeout=10)
+    assert evictions(server)[0]["reason"] == "keep_alive"
+
+    ask(server, "c", keep_alive=-1)
+    time.sleep(1.5)
+    assert server.model("c")["state"] == "loaded"  # -1: kept until evicted for space
+    server.post("/admin/model/c/settings", {"ttl_seconds": 1})
+    ask(server, "c", keep_alive="2s")
+    assert server.model("c")["ttl_remaining_seconds"] > 1  # the request's keep_alive wins over the TTL
+    server.wait_for(lambda: server.model("c")["state"] == "unloaded", timeout=10)
+
+
+def test_concurrent_requests_share_one_load(start_server, models):
+    server = start_server(models, demo=False)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(ask(server, "a").status_code)) for _ in range(4)]
+    [t.start() for t in threads]
+    [t.join(60) for t in threads]
+    assert results == [200] * 4
+    assert "model_loads_total 1.0" in server.get("/metrics").text or server.model("a")["state"] == "loaded"
+
+
+def test_failed_load_is_409_until_rediscovery(start_server, models, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    (broken / "model.safetensors").write_bytes(b"not weights")
+    server = start_server({"broken": broken}, demo=False)
+    for _ in range(2):
+        r = ask(server, "broken")
+        assert r.status_code == 409 and r.json()["error"]["code"] == "model_unavailable"
+        assert "Traceback" not in r.text
+    assert server.model("broken")["state"] == "failed"
+
+
+def test_settings_route_validates(start_server, models):
+    server = start_server(models, demo=False)
+    r = server.post("/admin/model/a/settings", {"ttl_seconds": 30, "alias": "alpha", "temperature": 0.5})
+    body = r.json()
+    assert r.status_code == 200 and body["ttl_seconds"] == 30 and body["alias"] == "alpha" and not body["is_pinned"]
+    r = httpx.put(server.url + "/admin/model/a/settings", json={"is_hidden": True}, timeout=10)
+    assert r.status_code == 200 and r.json()["alias"] == "alpha" and r.json()["is_hidden"]
+    assert ask(server, "alpha").status_code == 200  # the alias works as a model name
+    assert server.post("/admin/model/nope/settings", {"is_pinned": True}).status_code == 404
+    r = server.post("/admin/model/a/settings", {"is_pinned": "yes"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "is_pinned"
+    assert server.post("/admin/model/a/settings", {"colour": 1}).status_code == 400
+    assert server.post("/admin/model/b/settings", {"alias": "alpha"}).status_code == 400
+    r = httpx.post(server.url + "/api/models/a/load", content="force=1", timeout=10,
+                   headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 400  # state-changing calls need a JSON body
+
+
+def test_api_key_guards_v1_and_api(start_server, models):
+    server = start_server(models, demo=False, OMLX_API_KEY="sekret")
+    assert httpx.get(server.url + "/health").status_code == 200
+    for path in ("/v1/models", "/api/pool", "/api/evictions"):
+        r = httpx.get(server.url + path)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", path
+        assert httpx.get(server.url + path, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert server.get("/v1/models").status_code == 200  # server.get sends the key
+    assert server.post("/admin/model/a/settings", {"is_pinned": True}).status_code == 200
