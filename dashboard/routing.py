@@ -1,3 +1,7 @@
 from django.urls import path
 
-websocket_urlpatterns: list = []
+from .consumers import PoolConsumer
+
+websocket_urlpatterns = [
+    path("ws/pool/", PoolConsumer.as_asgi()),
+]

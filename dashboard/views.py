@@ -1,5 +1,20 @@
-from django.http import HttpResponse
+"""The dashboard page: one template; everything live arrives over /ws/pool/."""
+
+from django.contrib.auth.views import redirect_to_login
+from django.shortcuts import render
+
+from .access import is_open, may_view
 
 
 def index(request):
-    return HttpResponse("omlx-site")
+    client = request.META.get("REMOTE_ADDR")
+    if not may_view(request.user, client):
+        return redirect_to_login(request.get_full_path())
+    config = {
+        "ws_path": "/ws/pool/",
+        "telemetry_url": "/api/telemetry",
+        "history_url": "/admin/pool/evictionevent/",
+        "settings_url": "/admin/model/{id}/settings",
+        "window_seconds": 15 * 60,
+    }
+    return render(request, "dashboard/index.html", {"config": config, "open_access": is_open(client)})

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import math
 import time
+from dataclasses import replace
 
 from . import policy
 from .engines.engine import RequestAborted
@@ -39,6 +40,7 @@ class ProcessMemoryEnforcer:
         self._admission_open: asyncio.Event | None = None
         self._waiting = 0
         self._task: asyncio.Task | None = None
+        self._tick_lock: asyncio.Lock | None = None
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -100,6 +102,13 @@ class ProcessMemoryEnforcer:
         return int(value)
 
     async def tick(self) -> policy.TickDecision | None:
+        """One measure-decide-act round; the lock keeps an on-demand tick from overlapping the loop's."""
+        if self._tick_lock is None:
+            self._tick_lock = asyncio.Lock()
+        async with self._tick_lock:
+            return await self._tick()
+
+    async def _tick(self) -> policy.TickDecision | None:
         await self.pool.expire_idle()
         reading = self.probe.read()
         ceiling = self.ceiling(reading)
@@ -110,13 +119,16 @@ class ProcessMemoryEnforcer:
             self.lines = policy.pressure_lines(ceiling, self.conf.soft_fraction, self.conf.hard_fraction)
             decision = policy.decide(self._readings(reading), self.pool.views(),
                                      over_ceiling_polls=self.over_ceiling_polls, reclaimed=False)
+            applied: tuple[policy.Action, ...] = ()
             if any(a.kind == "reclaim" for a in decision.actions):
                 await self._apply(decision, reading)
+                applied = decision.actions
                 reading = self.probe.read()
                 # the same poll: the re-measure must not count as a second poll over the ceiling
                 decision = policy.decide(self._readings(reading), self.pool.views(),
                                          over_ceiling_polls=self.over_ceiling_polls, reclaimed=True)
             await self._apply(decision, reading)
+            decision = replace(decision, actions=applied + decision.actions)
             self.over_ceiling_polls = decision.over_ceiling_polls
             self.level = decision.level
             if decision.actions:

@@ -19,12 +19,19 @@ class Runtime:
     def __init__(self):
         from .broadcast import Broadcaster
         from .enforcer import ProcessMemoryEnforcer
+        from .metrics import Metrics
         from .services import record_event
+        from .telemetry import Telemetry
 
         self.settings = get_settings()
         self.probe = make_probe(self.settings)
         self.pool = EnginePool(self.settings, self.probe, recorder=record_event)
-        self.enforcer = ProcessMemoryEnforcer(self.pool, self.probe, self.settings)
+        self.telemetry = Telemetry(self.settings.home / "telemetry.sqlite3",
+                                   retention_days=self.settings.telemetry_days)
+        self.metrics = Metrics(self.pool, snapshot=self.snapshot)
+        self.pool.listeners.append(self.metrics.on_pool_change)
+        self.enforcer = ProcessMemoryEnforcer(self.pool, self.probe, self.settings, telemetry=self.telemetry,
+                                              metrics=self.metrics)
         self.broadcaster = Broadcaster(self)
         self.pool.listeners.append(self._on_pool_change)
         self.started = False
@@ -58,6 +65,7 @@ class Runtime:
     async def stop(self) -> None:
         log.info("stopping: ending engine threads")
         await self.enforcer.stop()
+        self.telemetry.close()
         await self.pool.shutdown()
         self.broadcaster.close()
 

@@ -80,3 +80,13 @@ async def evictions(request):
     events = await services.recent_events(model=request.GET.get("model") or None,
                                           reason=request.GET.get("reason") or None, limit=limit)
     return JsonResponse({"events": events})
+
+
+@api_route("POST", auth=require_key_or_staff)
+async def enforcer_tick(request):
+    """Run one enforcer tick now (operators: "check now"; tests: no waiting for the poll)."""
+    _state_body(request)
+    decision = await get_runtime().enforcer.tick()
+    actions = [{"kind": a.kind, "model": a.model, "reason": a.reason} for a in decision.actions] if decision else []
+    return JsonResponse({"level": get_runtime().enforcer.level, "actions": actions,
+                         "memory": get_runtime().snapshot()["memory"]})

@@ -1,15 +1,18 @@
 from django.urls import path
 
-from . import openai, pool_routes
+from . import openai, pool_routes, telemetry_routes
 
 urlpatterns = [
     path("health", pool_routes.health),
+    path("metrics", telemetry_routes.metrics),
     path("v1/models", openai.list_models),
     path("v1/models/<path:model_id>", openai.get_model),
     path("v1/chat/completions", openai.chat_completions),
     path("v1/completions", openai.completions),
     path("api/pool", pool_routes.pool_snapshot),
     path("api/evictions", pool_routes.evictions),
+    path("api/telemetry", telemetry_routes.telemetry),
+    path("api/enforcer/tick", pool_routes.enforcer_tick),
     path("api/models/<path:model_id>/load", pool_routes.load_model),
     path("api/models/<path:model_id>/unload", pool_routes.unload_model),
     path("api/models/<path:model_id>/load-plan", pool_routes.load_plan),

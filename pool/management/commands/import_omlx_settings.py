@@ -102,19 +102,18 @@ class Command(BaseCommand):
     @staticmethod
     def _alias_problems(plans, existing: dict[str, ModelSettings], on_disk: set[str]) -> list[str]:
         """Aliases are unique and must not name another model; checked on the state after the import."""
-        final = {model_id: row.alias for model_id, row in existing.items()}
-        for model_id, changes, _ in plans:
-            if "alias" in changes:
-                final[model_id] = changes["alias"]
-            else:
-                final.setdefault(model_id, None)
-        ids = on_disk | set(final)
+        imported = {model_id: changes for model_id, changes, _ in plans}
+        # Rows the file leaves alone keep their aliases; the file's models are checked against them.
+        final = [(m, row.alias) for m, row in sorted(existing.items()) if m not in imported]
+        final += [(m, changes["alias"] if "alias" in changes else getattr(existing.get(m), "alias", None))
+                  for m, changes in imported.items()]
+        ids = on_disk | set(existing) | set(imported)
         problems, owners = [], {}
-        for model_id, alias in sorted(final.items()):
+        for model_id, alias in final:
             if not alias:
                 continue
             if alias in owners:
-                problems.append(f"{model_id}: the alias '{alias}' is also the alias of '{owners[alias]}'")
+                problems.append(f"{model_id}: the alias '{alias}' is already used by '{owners[alias]}'")
             elif alias in ids and alias != model_id:
                 problems.append(f"{model_id}: the alias '{alias}' is the id of another model")
             owners.setdefault(alias, model_id)

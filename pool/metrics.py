@@ -1,0 +1,124 @@
+"""Prometheus metrics of one runtime, in its own CollectorRegistry (tests build many runtimes).
+
+Gauges and the load counters are read from the pool snapshot at scrape time; requests, events,
+evictions and admission rejections are counted as they happen, through a pool listener and the
+enforcer's calls."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+from .policy import LEVELS
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+
+# (metric name, key of the snapshot's "memory" dict, help)
+MEMORY_GAUGES = (
+    ("memory_usage_bytes", "usage_bytes", "Process memory counted against the ceiling."),
+    ("memory_active_bytes", "active_bytes", "MLX active memory."),
+    ("memory_cache_bytes", "cache_bytes", "MLX buffer cache (reclaimable)."),
+    ("memory_peak_bytes", "peak_bytes", "MLX peak memory."),
+    ("memory_rss_bytes", "rss_bytes", "Process resident memory."),
+    ("memory_total_bytes", "total_bytes", "The memory usage is measured against (RAM or the GPU's)."),
+    ("memory_available_bytes", "available_bytes", "System available memory."),
+    ("memory_ceiling_bytes", "ceiling_bytes", "The enforcer's process memory ceiling (absent when off)."),
+    ("memory_soft_bytes", "soft_bytes", "The soft pressure line (absent when the ceiling is off)."),
+    ("memory_hard_bytes", "hard_bytes", "The hard pressure line (absent when the ceiling is off)."),
+    ("model_budget_bytes", "model_budget_bytes", "The model budget (absent when off)."),
+    ("model_bytes", "model_bytes", "Footprint of the loaded and loading models."),
+    ("admission_waiting", "admission_waiting", "Requests waiting while admission is paused."),
+)
+
+
+class Metrics:
+    def __init__(self, pool, snapshot: Callable[[], dict[str, Any]]):
+        self.pool = pool
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.requests = Counter("requests", "Requests that reached the pool, by model.", ["model"],
+                                registry=self.registry)
+        self.events = Counter("pool_events", "Pool events recorded, by reason.", ["reason"], registry=self.registry)
+        self.evictions = Counter("evictions", "Models unloaded, by reason.", ["reason"], registry=self.registry)
+        self.admission_rejections = Counter("admission_rejections", "Requests refused by admission, by reason.",
+                                            ["reason"], registry=self.registry)
+        self.registry.register(_SnapshotCollector(pool, snapshot))
+        self._leases: dict[str, int] = {}
+
+    # ---- counted as they happen --------------------------------------------------------------
+
+    def admission_rejected(self, reason: str) -> None:
+        self.admission_rejections.labels(reason=reason).inc()
+
+    def request_started(self, model: str) -> None:
+        self.requests.labels(model=model).inc()
+
+    def record_event(self, reason: str, *, eviction: bool = False) -> None:
+        self.events.labels(reason=reason).inc()
+        if eviction:
+            self.evictions.labels(reason=reason).inc()
+
+    def on_pool_change(self, why: str) -> None:
+        """A pool listener. It is called synchronously after every lease change and every recorded
+        event, so diffing the leases finds the model a request started on, and the newest of
+        `recent_events` is the event just recorded."""
+        leases = {e.id: e.leases for e in self.pool.entries.values()}
+        if why == "request_start":
+            for model, count in leases.items():
+                for _ in range(count - self._leases.get(model, 0)):
+                    self.request_started(model)
+        self._leases = leases
+        if why == "event" and self.pool.recent_events:
+            event = self.pool.recent_events[-1]
+            # unloads, and only they, measure what they freed; cache reclaims name no model
+            unloaded = bool(event.get("model") or event.get("model_id")) and event.get("freed_bytes") is not None
+            self.record_event(event.get("reason") or "unknown", eviction=unloaded)
+
+    # ---- scraping ----------------------------------------------------------------------------
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _SnapshotCollector:
+    def __init__(self, pool, snapshot: Callable[[], dict[str, Any]]):
+        self.pool = pool
+        self.snapshot = snapshot
+
+    def collect(self):
+        snap = self.snapshot()
+        memory = snap["memory"]
+        for name, key, doc in MEMORY_GAUGES:
+            gauge = GaugeMetricFamily(name, doc)
+            if memory.get(key) is not None:
+                gauge.add_metric([], memory[key])
+            yield gauge
+
+        level = memory.get("level", "ok")
+        yield GaugeMetricFamily("memory_pressure_level", "Pressure level: 0 ok, 1 soft, 2 hard, 3 emergency.",
+                                value=LEVELS.index(level))
+        by_level = GaugeMetricFamily("memory_pressure", "1 for the current pressure level.", labels=["level"])
+        for name in LEVELS:
+            by_level.add_metric([name], int(name == level))
+        yield by_level
+        yield GaugeMetricFamily("admission_paused", "1 while admission is paused by memory pressure.",
+                                value=int(bool(memory.get("admission_paused"))))
+
+        models = snap["models"]
+        yield GaugeMetricFamily("loaded_models", "Models loaded.", value=sum(m["state"] == "loaded" for m in models))
+        states = GaugeMetricFamily("model_state", "1 for each model's current state.", labels=["model", "state"])
+        active = GaugeMetricFamily("active_requests", "Requests in flight, by model.", labels=["model"])
+        footprint = GaugeMetricFamily("model_measured_bytes", "Memory a model took when it loaded.",
+                                      labels=["model"])
+        for m in models:
+            states.add_metric([m["id"], m["state"]], 1)
+            active.add_metric([m["id"]], m["active_requests"])
+            if m["measured_bytes"] is not None:
+                footprint.add_metric([m["id"]], m["measured_bytes"])
+        yield from (states, active, footprint)
+
+        yield CounterMetricFamily("model_loads", "Model loads completed.", value=self.pool.loads_total)
+        yield CounterMetricFamily("model_load_seconds", "Seconds spent in completed model loads.",
+                                  value=self.pool.load_seconds_total)

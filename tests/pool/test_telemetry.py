@@ -1,0 +1,174 @@
+"""Telemetry: batched writes to its own WAL SQLite file, retention, the since filter and downsampling."""
+
+import sqlite3
+
+import pytest
+
+from pool.telemetry import PRUNE_EVERY_SECONDS, Telemetry
+
+DAY = 86400
+NOW = 1_800_000_000.0
+
+
+class Clock:
+    def __init__(self, now: float = NOW):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def row(t: float, usage: int = 100, level: str = "ok", **extra) -> dict:
+    return {"t": t, "usage": usage, "active": usage // 2, "cache": usage // 4, "rss": usage, "model_bytes": usage * 2,
+            "ceiling": 1000, "soft": 900, "hard": 950, "level": level, "loaded": 1, **extra}
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def telemetry(tmp_path, clock):
+    t = Telemetry(tmp_path / "telemetry.sqlite3", retention_days=7, clock=clock)
+    yield t
+    t.close()
+
+
+def stored(telemetry) -> int:
+    """Rows on disk, seen from another connection (not through the buffer)."""
+    if not telemetry.path.exists():
+        return 0
+    with sqlite3.connect(telemetry.path) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        return conn.execute("SELECT count(*) FROM telemetry").fetchone()[0] if "telemetry" in tables else 0
+
+
+def test_rows_are_written_in_batches_of_ten(telemetry):
+    for i in range(9):
+        telemetry.append(row(NOW + i))
+    assert stored(telemetry) == 0
+    telemetry.append(row(NOW + 9))
+    assert stored(telemetry) == 10
+    telemetry.append(row(NOW + 10))
+    assert stored(telemetry) == 10
+
+
+def test_a_batch_is_written_after_five_seconds(telemetry, clock):
+    telemetry.append(row(NOW))
+    assert stored(telemetry) == 0
+    clock.now += 5
+    telemetry.append(row(NOW + 5))
+    assert stored(telemetry) == 2
+
+
+def test_query_and_flush_see_buffered_rows(telemetry):
+    telemetry.append(row(NOW, usage=7))
+    assert [p["usage"] for p in telemetry.query(NOW - 60)] == [7]
+    telemetry.append(row(NOW + 1))
+    telemetry.flush()
+    assert stored(telemetry) == 2
+
+
+def test_unknown_keys_are_dropped_and_missing_ones_are_null(telemetry):
+    telemetry.append({"t": NOW, "usage": 5, "extra": "ignored"})
+    (point,) = telemetry.query(NOW - 1)
+    assert point["usage"] == 5 and point["ceiling"] is None and "extra" not in point
+    assert set(point) == {"t", "usage", "active", "cache", "rss", "model_bytes", "ceiling", "soft", "hard",
+                          "level", "loaded"}
+
+
+def test_wal_mode_and_time_index(telemetry):
+    telemetry.append(row(NOW))
+    telemetry.flush()
+    with sqlite3.connect(telemetry.path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        indexes = {r[1]: r for r in conn.execute("PRAGMA index_list(telemetry)")}
+        assert "telemetry_t" in indexes
+        assert [r[2] for r in conn.execute("PRAGMA index_info(telemetry_t)")] == ["t"]
+        plan = " ".join(str(r) for r in conn.execute("EXPLAIN QUERY PLAN SELECT * FROM telemetry WHERE t >= 1"))
+        assert "telemetry_t" in plan
+
+
+def test_retention_prunes_old_rows_at_most_once_a_minute(telemetry, clock):
+    telemetry.append(row(NOW - 8 * DAY))
+    telemetry.append(row(NOW - 6 * DAY))
+    telemetry.flush()
+    assert [p["t"] for p in telemetry.query(0)] == [NOW - 6 * DAY]
+    telemetry.append(row(NOW - 9 * DAY))
+    telemetry.flush()
+    assert stored(telemetry) == 2          # pruned less than a minute ago
+    clock.now += PRUNE_EVERY_SECONDS
+    telemetry.flush()
+    assert [p["t"] for p in telemetry.query(0)] == [NOW - 6 * DAY]
+
+
+def test_retention_follows_the_setting(tmp_path, clock):
+    t = Telemetry(tmp_path / "t.sqlite3", retention_days=1, clock=clock)
+    t.append(row(NOW - 2 * DAY))
+    t.append(row(NOW - 0.5 * DAY))
+    assert [p["t"] for p in t.query(0)] == [NOW - 0.5 * DAY]
+    t.close()
+
+
+def test_since_and_until_filter(telemetry):
+    for i in range(10):
+        telemetry.append(row(NOW + i, usage=i))
+    assert [p["usage"] for p in telemetry.query(NOW + 7)] == [7, 8, 9]
+    assert [p["usage"] for p in telemetry.query(NOW + 2, until=NOW + 5)] == [2, 3, 4]
+    assert telemetry.query(NOW + 100) == []
+
+
+def test_downsampling_takes_the_peak_and_the_last_level(telemetry):
+    base = NOW  # a multiple of 10, so buckets line up with rows
+    usages = [5, 9, 1, 3, 2, 8, 8, 0, 4, 6, 7, 1]
+    levels = ["ok", "hard", "soft", "ok", "ok", "soft", "ok", "ok", "ok", "hard", "soft", "ok"]
+    for i, (usage, level) in enumerate(zip(usages, levels)):
+        telemetry.append(row(base + 2 * i, usage=usage, level=level))   # 5 rows per 10 s bucket
+    points = telemetry.query(base, step=10)
+    assert [p["t"] for p in points] == [base, base + 10, base + 20]
+    assert [p["usage"] for p in points] == [9, 8, 7]
+    assert [p["model_bytes"] for p in points] == [18, 16, 14]
+    assert [p["level"] for p in points] == ["ok", "hard", "ok"]
+
+
+def test_downsampling_with_since_inside_a_bucket(telemetry):
+    for i in range(20):
+        telemetry.append(row(NOW + i, usage=i))
+    points = telemetry.query(NOW + 15, step=10)
+    assert [(p["t"], p["usage"]) for p in points] == [(NOW + 10, 19)]
+
+
+def test_points_are_capped_to_the_newest(telemetry):
+    for i in range(30):
+        telemetry.append(row(NOW + i, usage=i))
+    assert [p["usage"] for p in telemetry.query(NOW, limit=5)] == [25, 26, 27, 28, 29]
+    assert [p["t"] for p in telemetry.query(NOW, step=10, limit=2)] == [NOW + 10, NOW + 20]
+
+
+def test_bad_step_is_refused(telemetry):
+    for step in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(ValueError):
+            telemetry.query(NOW, step=step)
+
+
+def test_a_write_does_not_wait_for_a_reader(telemetry):
+    telemetry.append(row(NOW))
+    telemetry.flush()
+    with telemetry._lock:                   # a query in progress on another thread
+        assert telemetry.flush(wait=False) is False
+        for i in range(1, 12):
+            telemetry.append(row(NOW + i))   # buffered, not blocked
+    assert stored(telemetry) == 1
+    telemetry.flush()
+    assert stored(telemetry) == 12
+
+
+def test_reopening_keeps_rows(tmp_path, clock):
+    path = tmp_path / "t.sqlite3"
+    first = Telemetry(path, clock=clock)
+    first.append(row(NOW))
+    first.close()
+    second = Telemetry(path, clock=clock)
+    assert len(second.query(0)) == 1
+    second.close()
