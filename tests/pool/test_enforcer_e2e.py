@@ -138,7 +138,7 @@ def test_emergency_by_two_polls_aborts_even_pinned_requests(server):
 def test_emergency_by_margin_in_one_poll(server):
     server.post("/admin/model/a/settings", {"is_pinned": True})
     lines, thread = stream_in_background(server, "a")
-    set_usage(server, rss=12 * GB + 1, cache=0)
+    set_usage(server, rss=13 * GB, cache=0)  # over the ceiling by more than 2 GiB
     result = tick(server)
     assert result["level"] == "emergency"
     assert ("abort_requests", "a") in [(a["kind"], a["model"]) for a in result["actions"]]
