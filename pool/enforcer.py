@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from . import policy
 from .engines.engine import RequestAborted
-from .engines.native import release_memory
+from .engines.native import reclaim_cache
 from .errors import BadRequest, ServiceUnavailable
 
 log = logging.getLogger(__name__)
@@ -171,11 +171,12 @@ class ProcessMemoryEnforcer:
     async def reclaim(self, reading=None) -> None:
         """Free what costs nothing: MLX's buffer cache, on the threads that own the arrays."""
         before = reading or self.probe.read()
-        engines = [e.engine for e in self.pool.entries.values() if e.state == "loaded" and e.engine]
-        if engines:
-            await asyncio.gather(*(engine.call(release_memory) for engine in engines), return_exceptions=True)
+        # MLX's cache is process-wide: one clear, on an engine thread between its decode steps
+        engine = next((e.engine for e in self.pool.entries.values() if e.state == "loaded" and e.engine), None)
+        if engine is not None:
+            await engine.call(reclaim_cache)
         else:
-            await asyncio.to_thread(release_memory)
+            await asyncio.to_thread(reclaim_cache)
         after = self.probe.read()
         await self.pool.record(model_id="", reason="cache_reclaim", bytes_before=before.usage,
                                bytes_after=after.usage, freed_bytes=max(0, before.usage - after.usage),

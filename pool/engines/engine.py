@@ -8,6 +8,7 @@ each token back to the request's asyncio queue with `loop.call_soon_threadsafe`.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import queue
 import threading
@@ -17,9 +18,9 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 import mlx.core as mx
-from mlx_lm import load as mlx_load
 from mlx_lm.generate import BatchGenerator, generation_stream
 from mlx_lm.sample_utils import make_sampler
+from mlx_lm.utils import load_model, load_tokenizer
 
 from .native import release_memory
 
@@ -259,7 +260,11 @@ class Engine:
     def _load(self) -> LoadResult:
         before = mx.get_active_memory()
         started = time.perf_counter()
-        model, tokenizer, config = mlx_load(str(self.path), return_config=True)
+        eos = json.loads((self.path / "config.json").read_text()).get("eos_token_id")
+        # The tokenizer first, the weights last: the memory arrives at the very end of the load,
+        # where the load's wake-up lets the enforcer see it at once.
+        tokenizer = load_tokenizer(self.path, eos_token_ids=eos)
+        model, config = load_model(self.path)
         mx.synchronize(generation_stream)
         self._model, self._tokenizer = model, tokenizer
         self.model_info = _model_info(model, config)

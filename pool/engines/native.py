@@ -33,3 +33,9 @@ def release_memory() -> None:
     gc.collect()
     mx.clear_cache()
     trim_native_heap()
+
+
+def reclaim_cache() -> None:
+    """The cheap reclaim: MLX's buffer cache (process-wide) and glibc's free pages; no gc pass."""
+    mx.clear_cache()
+    trim_native_heap()

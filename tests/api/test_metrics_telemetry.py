@@ -109,3 +109,24 @@ def test_metrics_are_open_and_telemetry_needs_the_key(start_server):
     refused = httpx.get(server.url + "/api/telemetry", timeout=30)
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
     assert telemetry(server).status_code == 200
+
+
+def test_pressure_and_admission_rejections(start_server):
+    import json
+
+    server = start_server(OMLX_MEMORY_PROBE="fake", OMLX_MEMORY_CEILING="10GB", OMLX_ADMISSION_WAIT="1")
+    (server.home / "fake_probe.json").write_text(json.dumps({"rss": 9.2e9, "cache": 0}))   # over the soft line
+    assert server.post("/api/enforcer/tick", {}).json()["level"] == "soft"
+    refused = server.post("/v1/chat/completions", {"model": DEMO, "max_tokens": 3,
+                                                   "messages": [{"role": "user", "content": "hi"}]})
+    assert refused.status_code == 503, refused.text
+
+    metrics = scrape(server)
+    assert metrics[("admission_rejections_total", (("reason", "timeout"),))] == 1
+    assert metrics[("memory_pressure_level", ())] == 1
+    assert metrics[("memory_pressure", (("level", "soft"),))] == 1
+    assert metrics[("admission_paused", ())] == 1
+    assert metrics[("memory_usage_bytes", ())] == 9.2e9
+    assert ("requests_total", (("model", DEMO),)) not in metrics   # refused before reaching the pool
+    last = telemetry(server).json()["points"][-1]
+    assert (last["level"], last["usage"], last["ceiling"]) == ("soft", 9.2e9, 10e9)

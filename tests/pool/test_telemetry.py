@@ -172,3 +172,97 @@ def test_reopening_keeps_rows(tmp_path, clock):
     second = Telemetry(path, clock=clock)
     assert len(second.query(0)) == 1
     second.close()
+
+
+# ---- Metrics: counted from pool listener calls, gauges read from the snapshot at scrape time ----
+
+from collections import deque  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from pool.metrics import Metrics  # noqa: E402
+
+
+class FakePool:
+    def __init__(self, *ids):
+        self.entries = {i: SimpleNamespace(id=i, leases=0) for i in ids}
+        self.recent_events = deque(maxlen=50)
+        self.loads_total, self.load_seconds_total = 2, 1.5
+        self.metrics = None
+
+    def lease(self, model):
+        self.entries[model].leases += 1
+        self.metrics.on_pool_change("request_start")
+
+    def end(self, model):
+        self.entries[model].leases -= 1
+        self.metrics.on_pool_change("request_end")
+
+    def record(self, **event):
+        self.recent_events.append({"model": event.get("model_id"), **event})
+        self.metrics.on_pool_change("event")
+
+
+def snapshot():
+    return {"memory": {"usage_bytes": 10, "active_bytes": 5, "cache_bytes": 1, "rss_bytes": 10,
+                       "ceiling_bytes": None, "model_budget_bytes": 100, "model_bytes": 4, "level": "hard",
+                       "admission_paused": True, "admission_waiting": 2},
+            "models": [{"id": "a", "state": "loaded", "active_requests": 2, "measured_bytes": 4},
+                       {"id": "b", "state": "unloaded", "active_requests": 0, "measured_bytes": None}]}
+
+
+def samples(metrics) -> dict:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples}
+
+
+@pytest.fixture
+def pool_and_metrics():
+    pool = FakePool("a", "b")
+    pool.metrics = Metrics(pool, snapshot=snapshot)
+    return pool, pool.metrics
+
+
+def test_requests_are_counted_per_model_from_lease_changes(pool_and_metrics):
+    pool, metrics = pool_and_metrics
+    pool.lease("a"), pool.lease("a"), pool.lease("b"), pool.end("a"), pool.lease("a"), pool.end("b")
+    got = samples(metrics)
+    assert got[("requests_total", (("model", "a"),))] == 3
+    assert got[("requests_total", (("model", "b"),))] == 1
+
+
+def test_unloads_count_as_evictions_and_every_event_by_reason(pool_and_metrics):
+    pool, metrics = pool_and_metrics
+    pool.record(model_id="a", reason="lru", freed_bytes=10)
+    pool.record(model_id="b", reason="emergency", freed_bytes=None)   # a mark or an abort, not an unload
+    pool.record(model_id="", reason="cache_reclaim", freed_bytes=5)
+    metrics.admission_rejected("queue_full")
+    got = samples(metrics)
+    assert got[("evictions_total", (("reason", "lru"),))] == 1
+    assert ("evictions_total", (("reason", "emergency"),)) not in got
+    assert ("evictions_total", (("reason", "cache_reclaim"),)) not in got
+    assert {r: got[("pool_events_total", (("reason", r),))] for r in ("lru", "emergency", "cache_reclaim")} == {
+        "lru": 1, "emergency": 1, "cache_reclaim": 1}
+    assert got[("admission_rejections_total", (("reason", "queue_full"),))] == 1
+
+
+def test_gauges_come_from_the_snapshot(pool_and_metrics):
+    _, metrics = pool_and_metrics
+    got = samples(metrics)
+    assert got[("memory_usage_bytes", ())] == 10 and got[("model_budget_bytes", ())] == 100
+    assert ("memory_ceiling_bytes", ()) not in got                 # ceiling off: no sample
+    assert got[("memory_pressure_level", ())] == 2
+    assert got[("memory_pressure", (("level", "hard"),))] == 1 and got[("memory_pressure", (("level", "ok"),))] == 0
+    assert got[("admission_paused", ())] == 1 and got[("admission_waiting", ())] == 2
+    assert got[("loaded_models", ())] == 1
+    assert got[("active_requests", (("model", "a"),))] == 2
+    assert got[("model_state", (("model", "b"), ("state", "unloaded")))] == 1
+    assert got[("model_loads_total", ())] == 2 and got[("model_load_seconds_total", ())] == 1.5
+
+
+def test_each_runtime_has_its_own_registry():
+    first, second = FakePool("a"), FakePool("a")
+    first.metrics, second.metrics = Metrics(first, snapshot=snapshot), Metrics(second, snapshot=snapshot)
+    first.lease("a")
+    assert ("requests_total", (("model", "a"),)) not in samples(second.metrics)

@@ -1,0 +1,95 @@
+"""The dashboard in real Chromium (Debian's package, driven by Playwright) against a real server:
+pin a model and see it persisted, load a second model under a small budget and watch the eviction
+arrive without reloading the page. Screenshots land in test-artifacts/."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ARTIFACTS, DEMO
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SECOND = "dash-60"
+
+
+@pytest.fixture
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: run `make browser` (Debian's chromium package)"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield browser
+        browser.close()
+
+
+def test_pin_load_and_watch_an_eviction(start_server, make_model, browser):
+    from playwright.sync_api import expect
+
+    # The demo (~115 MB) fits with its KV headroom; the demo plus a 60 MB model does not, so
+    # loading the second evicts the demo.
+    server = start_server({SECOND: make_model(SECOND, 60)}, OMLX_MAX_MODEL_MEMORY="160MB",
+                          OMLX_MEMORY_CEILING="2GB")
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    # /api/telemetry may not exist on this server yet: the chart then fills in live.
+    page.on("response", lambda r: r.status >= 400 and "/api/telemetry" not in r.url
+            and errors.append(f"{r.status} {r.url}"))
+    page.goto(server.url + "/")
+
+    demo = page.locator(f'#models tbody tr[data-id="{DEMO}"]')
+    second = page.locator(f'#models tbody tr[data-id="{SECOND}"]')
+    expect(page.locator("#conn")).to_have_attribute("data-state", "live")
+    expect(demo).to_be_visible()
+    expect(demo.locator(".state .badge")).to_have_text("unloaded")
+    page.evaluate("window.__sameDocument = true")
+
+    demo.locator("button.pin").click()
+    expect(demo.locator(".badges")).to_contain_text("pinned")
+    assert server.get(f"/admin/model/{DEMO}/settings").json()["is_pinned"] is True
+    demo.locator("button.pin").click()
+    expect(demo.locator("button.pin")).to_have_text("pin")
+    assert server.get(f"/admin/model/{DEMO}/settings").json()["is_pinned"] is False
+
+    demo.locator("button.load").click()
+    expect(demo.locator(".state .badge")).to_have_text("loaded", timeout=60_000)
+    expect(demo.locator(".badges")).to_contain_text("next victim")
+    second.locator("button.load").click()
+    expect(second.locator(".state .badge")).to_have_text("loaded", timeout=60_000)
+
+    eviction = page.locator(f'#events tbody tr[data-model="{DEMO}"][data-reason="lru"]')
+    expect(eviction).to_have_count(1, timeout=20_000)
+    expect(eviction).to_contain_text(SECOND)   # the request's model that caused it
+    expect(eviction.locator("a").first).to_have_attribute("href", f"/admin/pool/evictionevent/?model_id={DEMO}")
+    expect(demo.locator(".state .badge")).to_have_text("unloaded")
+    assert page.evaluate("window.__sameDocument") is True, "the page reloaded"
+    assert page.locator("#chart canvas").count() == 1
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.screenshot(path=str(ARTIFACTS / "dashboard-phone.png"), full_page=True)
+    assert not errors, errors
+
+
+def test_reconnects_after_the_server_restarts(start_server, browser):
+    server = start_server()
+    page = browser.new_page()
+    page.goto(server.url + "/")
+    conn = page.locator("#conn")
+    from playwright.sync_api import expect
+
+    expect(conn).to_have_attribute("data-state", "live")
+    server.stop()
+    expect(conn).to_have_attribute("data-state", "offline", timeout=10_000)
+    expect(page.locator("#disconnected")).to_be_visible()
+    server.start()
+    expect(conn).to_have_attribute("data-state", "live", timeout=30_000)
+    expect(page.locator("#disconnected")).to_be_hidden()
+    expect(page.locator(f'#models tbody tr[data-id="{DEMO}"]')).to_be_visible()
