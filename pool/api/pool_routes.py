@@ -90,3 +90,12 @@ async def enforcer_tick(request):
     actions = [{"kind": a.kind, "model": a.model, "reason": a.reason} for a in decision.actions] if decision else []
     return JsonResponse({"level": get_runtime().enforcer.level, "actions": actions,
                          "memory": get_runtime().snapshot()["memory"]})
+
+
+@api_route("POST", auth=require_key_or_staff)
+async def rediscover(request):
+    """Re-scan the model folders: new models appear, and failed loads may be tried again."""
+    _state_body(request)
+    pool = get_runtime().pool
+    pool.rediscover()
+    return JsonResponse({"status": "ok", "models": sorted(pool.entries)})

@@ -13,6 +13,7 @@ urlpatterns = [
     path("api/evictions", pool_routes.evictions),
     path("api/telemetry", telemetry_routes.telemetry),
     path("api/enforcer/tick", pool_routes.enforcer_tick),
+    path("api/rediscover", pool_routes.rediscover),
     path("api/models/<path:model_id>/load", pool_routes.load_model),
     path("api/models/<path:model_id>/unload", pool_routes.unload_model),
     path("api/models/<path:model_id>/load-plan", pool_routes.load_plan),

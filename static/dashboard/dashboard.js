@@ -201,6 +201,8 @@
     $("v-ceiling").textContent = m.ceiling_bytes == null ? "off" : fmtBytes(m.ceiling_bytes);
     $("v-available").textContent = fmtBytes(m.available_bytes);
     $("v-available").title = "of " + fmtBytes(m.total_bytes);
+    $("mem-note").textContent = "Enforcer: checks every " + fmtDuration(m.poll_interval) +
+      " now · peak MLX " + fmtBytes(m.peak_bytes) + " · reclaimable " + fmtBytes(m.reclaimable_bytes);
   }
 
   // ---- models ----------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """/metrics and /api/telemetry through a real server: the metric families after a request, the
 enforcer's ticks as a time series, parameter errors, and who may read what."""
 
+import json
 import sqlite3
 
 import httpx
@@ -112,8 +113,6 @@ def test_metrics_are_open_and_telemetry_needs_the_key(start_server):
 
 
 def test_pressure_and_admission_rejections(start_server):
-    import json
-
     server = start_server(OMLX_MEMORY_PROBE="fake", OMLX_MEMORY_CEILING="10GB", OMLX_ADMISSION_WAIT="1")
     (server.home / "fake_probe.json").write_text(json.dumps({"rss": 9.2e9, "cache": 0}))   # over the soft line
     assert server.post("/api/enforcer/tick", {}).json()["level"] == "soft"

@@ -175,6 +175,8 @@ def test_failed_load_is_409_until_rediscovery(start_server, models, tmp_path):
         assert r.status_code == 409 and r.json()["error"]["code"] == "model_unavailable"
         assert "Traceback" not in r.text
     assert server.model("broken")["state"] == "failed"
+    assert server.post("/api/rediscover", {}).status_code == 200
+    assert server.model("broken")["state"] == "unloaded"  # forgotten: the next request tries again
 
 
 def test_settings_route_validates(start_server, models):

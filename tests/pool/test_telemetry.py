@@ -1,9 +1,14 @@
-"""Telemetry: batched writes to its own WAL SQLite file, retention, the since filter and downsampling."""
+"""Telemetry: batched writes to its own WAL SQLite file, retention, the since filter and downsampling;
+then Metrics, fed by pool listener calls and a snapshot."""
 
 import sqlite3
+from collections import deque
+from types import SimpleNamespace
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from pool.metrics import Metrics
 from pool.telemetry import PRUNE_EVERY_SECONDS, Telemetry
 
 DAY = 86400
@@ -175,14 +180,6 @@ def test_reopening_keeps_rows(tmp_path, clock):
 
 
 # ---- Metrics: counted from pool listener calls, gauges read from the snapshot at scrape time ----
-
-from collections import deque  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
-
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
-from pool.metrics import Metrics  # noqa: E402
-
 
 class FakePool:
     def __init__(self, *ids):
