@@ -5,11 +5,13 @@ arrive without reloading the page. Screenshots land in test-artifacts/."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ARTIFACTS, DEMO
+from tests.conftest import ARTIFACTS, DEMO, ROOT
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -92,4 +94,22 @@ def test_reconnects_after_the_server_restarts(start_server, browser):
     server.start()
     expect(conn).to_have_attribute("data-state", "live", timeout=30_000)
     expect(page.locator("#disconnected")).to_be_hidden()
+    expect(page.locator(f'#models tbody tr[data-id="{DEMO}"]')).to_be_visible()
+
+
+def test_with_an_api_key_a_staff_login_opens_the_page_and_its_websocket(start_server, browser):
+    from playwright.sync_api import expect
+
+    server = start_server(OMLX_API_KEY="secret-key")
+    subprocess.run([sys.executable, "manage.py", "createsuperuser", "--noinput", "--username", "boss",
+                    "--email", "boss@example.com"], cwd=ROOT, check=True, capture_output=True,
+                   env={**server.env, "DJANGO_SUPERUSER_PASSWORD": "correct horse"})
+    page = browser.new_page()
+    page.goto(server.url + "/")
+    assert "/admin/login/" in page.url
+    page.fill("#id_username", "boss")
+    page.fill("#id_password", "correct horse")
+    page.click("input[type=submit]")
+    page.wait_for_url(server.url + "/")
+    expect(page.locator("#conn")).to_have_attribute("data-state", "live")
     expect(page.locator(f'#models tbody tr[data-id="{DEMO}"]')).to_be_visible()

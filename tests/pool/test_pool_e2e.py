@@ -206,3 +206,41 @@ def test_api_key_guards_v1_and_api(start_server, models):
         assert httpx.get(server.url + path, headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert server.get("/v1/models").status_code == 200  # server.get sends the key
     assert server.post("/admin/model/a/settings", {"is_pinned": True}).status_code == 200
+
+
+def test_settings_survive_kill_and_pinned_models_preload(start_server, models):
+    import signal
+
+    server = start_server(models, demo=False)
+    assert server.post("/admin/model/b/settings", {"is_pinned": True, "max_tokens": 2}).status_code == 200
+    server.proc.send_signal(signal.SIGKILL)
+    server.proc.wait(10)
+    server.start()  # same OMLX_HOME: the database, after a kill -9
+    assert server.model("b")["pinned"] is True
+    # loaded in the background at start-up, without a request
+    server.wait_for(lambda: server.model("b")["state"] == "loaded", timeout=30)
+    assert server.model("a")["state"] == "unloaded"
+    # the model's default max_tokens applies; a request's own value overrides it
+    reply = server.post("/v1/completions", {"model": "b", "prompt": "x"}).json()
+    assert reply["usage"]["completion_tokens"] <= 2
+    reply = server.post("/v1/completions", {"model": "b", "prompt": "x", "max_tokens": 5}).json()
+    assert reply["usage"]["completion_tokens"] <= 5 and reply["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+def test_health_answers_while_a_model_loads(start_server, make_model):
+    big = make_model("pool-big", 600, seed=9)
+    server = start_server({"big": big}, demo=False)
+    done = threading.Event()
+    loader = threading.Thread(target=lambda: (server.post("/api/models/big/load", {}), done.set()))
+    loader.start()
+    server.wait_for(lambda: server.model("big")["state"] in ("loading", "loaded"), interval=0.01)
+    latencies = []
+    while not done.is_set():
+        started = time.monotonic()
+        assert server.get("/health").status_code == 200
+        latencies.append(time.monotonic() - started)
+    loader.join()
+    load_seconds = server.model("big")["load_seconds"]
+    # a blocked event loop would hold /health for the whole load; it answered all along instead
+    assert len(latencies) >= 3, (latencies, load_seconds)
+    assert max(latencies) < min(1.0, load_seconds), (latencies, load_seconds)
