@@ -152,8 +152,8 @@ class ProcessMemoryEnforcer:
             if action.kind == "reclaim":
                 await self.reclaim(reading)
             elif action.kind == "unload" and entry is not None:
-                await self.pool._unload(entry, reason=action.reason or "pressure_soft",
-                                        detail=f"memory pressure ({decision.level})")
+                await self.pool.evict(entry.id, reason=action.reason or "pressure_soft",
+                                      detail=f"memory pressure ({decision.level})")
             elif action.kind == "abort_load" and entry is not None:
                 self.pool.abort_load(entry.id)
                 await self._event(action, entry, f"load of '{entry.id}' aborted at {decision.level} pressure")
@@ -221,7 +221,7 @@ class ProcessMemoryEnforcer:
         if self.metrics is not None:
             self.metrics.admission_rejected(reason)
 
-    def check_prefill(self, entry, engine, prompt_tokens: int) -> None:
+    def check_prefill(self, entry, engine, prompt_tokens: int, *, param: str = "messages") -> None:
         """Refuse up front a prompt whose KV cache cannot fit under the hard line even after every
         idle model is evicted."""
         info = engine.model_info
@@ -238,7 +238,7 @@ class ProcessMemoryEnforcer:
             raise BadRequest(f"The prompt ({prompt_tokens} tokens) needs about {policy.format_bytes(estimate)} of "
                              f"KV cache, which cannot fit under the hard memory line "
                              f"({policy.format_bytes(lines.hard)}) even after evicting every idle model.",
-                             param="messages", code="prefill_memory_exceeded", estimated_bytes=estimate,
+                             param=param, code="prefill_memory_exceeded", estimated_bytes=estimate,
                              limit_bytes=max(0, lines.hard - reading.usage + evictable))
 
     # ---- state for the snapshot ----------------------------------------------------------------

@@ -296,6 +296,10 @@ class EnginePool:
                           detail=detail + (" (released less than 90% of the measured size)" if warning else ""),
                           warning=warning)
 
+    async def evict(self, model_id: str, *, reason: str, detail: str = "") -> None:
+        """Unload an idle model for the enforcer (its decision already checked it may go)."""
+        await self._unload(self.entries[model_id], reason=reason, detail=detail)
+
     async def expire_idle(self) -> list[str]:
         due = policy.expired(self.views(), self.clock())
         await asyncio.gather(*(self._unload(self.entries[m], reason=r) for m, r in due))

@@ -80,7 +80,7 @@ async def _complete(request, *, chat: bool):
     try:
         engine = await stack.enter_async_context(runtime.pool.lease(entry.id, keep_alive=req.keep_alive))
         tokens = await _encode(engine, req)
-        runtime.enforcer.check_prefill(entry, engine, len(tokens))
+        runtime.enforcer.check_prefill(entry, engine, len(tokens), param="messages" if chat else "prompt")
         params = _sampling(req, entry.settings)
         shape = _Shape(chat=chat, model=entry.id)
         if req.stream:

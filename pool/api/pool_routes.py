@@ -98,4 +98,5 @@ async def rediscover(request):
     _state_body(request)
     pool = get_runtime().pool
     pool.rediscover()
+    await services.load_all_settings(pool)
     return JsonResponse({"status": "ok", "models": sorted(pool.entries)})
