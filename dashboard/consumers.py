@@ -28,22 +28,6 @@ SETTLE_SECONDS = 0.2
 REFUSED = 4403
 
 
-_last_broadcast: tuple[float, str] | None = None
-
-
-def encode_broadcast(snapshot: dict) -> str:
-    """Encode each broadcast once for all the dashboards of this process, not once per dashboard.
-    Each publish stamps a new `sent_at`, which tells one broadcast from the next."""
-    global _last_broadcast
-    key = snapshot.get("sent_at")
-    if key is not None and _last_broadcast is not None and _last_broadcast[0] == key:
-        return _last_broadcast[1]
-    text = json.dumps(snapshot)
-    if key is not None:
-        _last_broadcast = (key, text)
-    return text
-
-
 class PoolConsumer(AsyncJsonWebsocketConsumer):
     joined = False
 
@@ -65,10 +49,7 @@ class PoolConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_discard(GROUP, self.channel_name)
 
     async def pool_snapshot(self, event):
-        if "text" in event:   # a broadcaster that sends the snapshot already encoded
-            await self.send(text_data=event["text"])
-        else:
-            await self.send(text_data=encode_broadcast(event["snapshot"]))
+        await self.send(text_data=event["text"])  # encoded once by the broadcaster
 
     # ---- client messages ---------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ messages when a channel is full, and the next snapshot repairs any loss."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 
@@ -46,7 +47,8 @@ class Broadcaster:
         try:
             snapshot = snapshot or self.runtime.snapshot()
             snapshot["sent_at"] = time.time()
-            await layer.group_send(GROUP, {"type": "pool.snapshot", "snapshot": snapshot})
+            # encoded once here: the in-memory layer deep-copies each message for every dashboard
+            await layer.group_send(GROUP, {"type": "pool.snapshot", "text": json.dumps(snapshot)})
         except Exception:  # noqa: BLE001 - a dashboard must never break serving
             log.exception("could not publish the snapshot")
 

@@ -77,11 +77,13 @@
     ws = socket;
     opened = false;
     setConn("connecting", "connecting");
+    $("retry").textContent = "Reconnecting now…";
     socket.onopen = () => {
       opened = true;
       delay = 500;
       failures = 0;
       setConn("live", "live");
+      document.body.classList.remove("stale");
       $("disconnected").hidden = true;
       $("relogin").hidden = true;
     };
@@ -108,9 +110,10 @@
     delay = Math.min(delay * 2, 15000);
     retryAt = performance.now() + wait;
     setConn("offline", "disconnected");
+    document.body.classList.add("stale");
     $("disconnected").hidden = false;
-    updateRetry();
     retryTimer = setTimeout(connect, wait);
+    updateRetry();
   }
 
   function updateRetry() {

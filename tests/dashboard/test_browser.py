@@ -91,6 +91,8 @@ def test_reconnects_after_the_server_restarts(start_server, browser):
     server.stop()
     expect(conn).to_have_attribute("data-state", "offline", timeout=10_000)
     expect(page.locator("#disconnected")).to_be_visible()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-disconnected.png"))
     server.start()
     expect(conn).to_have_attribute("data-state", "live", timeout=30_000)
     expect(page.locator("#disconnected")).to_be_hidden()

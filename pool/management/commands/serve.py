@@ -5,6 +5,7 @@ cleanly (engine threads ended, models released) before the reactor shuts down.""
 
 import asyncio
 import logging
+import os
 import sys
 
 from django.core.management.base import BaseCommand
@@ -24,6 +25,7 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=conf.port)
 
     def handle(self, *args, host, port, **options):
+        self._adopt_host(host)
         from daphne.endpoints import build_endpoint_description_strings
         from daphne.server import Server
         from twisted.internet import defer, reactor
@@ -47,3 +49,19 @@ class Command(BaseCommand):
         Server(application=application, endpoints=build_endpoint_description_strings(host=host, port=port), ready_callable=ready,
                application_close_timeout=5, websocket_handshake_timeout=5, verbosity=0).run()
         sys.stdout.flush()
+
+    @staticmethod
+    def _adopt_host(host: str) -> None:
+        """`--host` wins over OMLX_HOST everywhere: the dashboard's loopback rule and ALLOWED_HOSTS."""
+        from django.conf import settings
+
+        from pool.conf import reload_settings
+
+        if host == get_settings().host:
+            return
+        os.environ["OMLX_HOST"] = host
+        reload_settings()
+        if host in ("0.0.0.0", "::"):
+            settings.ALLOWED_HOSTS = ["*"]
+        elif host not in settings.ALLOWED_HOSTS:
+            settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, host]
