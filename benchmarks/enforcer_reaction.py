@@ -80,7 +80,7 @@ async def measure(args, *, wake: bool) -> list[float]:
             if not wake:
                 enforcer.wake = lambda **kw: None
                 enforcer._next_interval = lambda: 1.0
-            listener = lambda why: enforcer.wake(active=why in ("request_start", "load_start"))
+            listener = lambda why, subject=None: enforcer.wake(active=why in ("request_start", "load_start"))
             pool.listeners.append(listener)
             enforcer.start()
             await asyncio.sleep(0.2)

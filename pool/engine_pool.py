@@ -66,7 +66,8 @@ class EnginePool:
         self.probe = probe
         self.clock = clock
         self.entries: dict[str, Entry] = {}
-        self.listeners: list[Callable[[str], None]] = []
+        # listener(why, subject): the model id for request and load changes, the event for "event"
+        self.listeners: list[Callable[[str, Any], None]] = []
         self.recorder = recorder      # async callable(**event fields); the ORM writer in production
         self.loads_total = 0
         self.load_seconds_total = 0.0
@@ -159,7 +160,7 @@ class EnginePool:
         entry.leases += 1
         entry.last_access = self.clock()
         entry.busy_keep_alive = policy.merge_keep_alive(entry.busy_keep_alive, keep_alive)
-        self.changed("request_start")
+        self.changed("request_start", entry.id)
         try:
             engine = await self._ensure_loaded(entry, requested_by=entry.id)
             yield engine
@@ -173,7 +174,7 @@ class EnginePool:
             entry.keep_alive, entry.busy_keep_alive = entry.busy_keep_alive, None
             if entry.keep_alive == 0 and entry.state == "loaded" and not entry.pinned:
                 self._spawn(self._unload(entry, reason="keep_alive"))
-        self.changed("request_end")
+        self.changed("request_end", entry.id)
 
     async def load(self, name: str) -> Entry:
         entry = self.resolve(name)
@@ -210,7 +211,7 @@ class EnginePool:
         for victim, _ in victims:
             self._mark_unloading(victim)
         self._spawn(self._load(entry, victims, requested_by, plan))
-        self.changed("load_start")
+        self.changed("load_start", entry.id)
 
     async def _load(self, entry: Entry, victims, requested_by, plan) -> None:
         future = entry._load_future
@@ -238,7 +239,7 @@ class EnginePool:
             future.set_result(entry.engine)
         finally:
             entry.load_started_at = None
-            self.changed("load_end")
+            self.changed("load_end", entry.id)
 
     def abort_load(self, model_id: str) -> None:
         entry = self.entries[model_id]
@@ -333,13 +334,13 @@ class EnginePool:
                 row = await self.recorder(**event)
             except Exception:  # noqa: BLE001 - history must never break serving
                 log.exception("could not record event %s", event.get("reason"))
-        self.recent_events.append(row.as_dict() if row is not None else
-                                  {"model": event.get("model_id"), "time": self.clock(), **event})
-        self.changed("event")
+        recorded = row.as_dict() if row is not None else {"model": event.get("model_id"), "time": self.clock(), **event}
+        self.recent_events.append(recorded)
+        self.changed("event", recorded)
 
-    def changed(self, why: str) -> None:
+    def changed(self, why: str, subject: Any = None) -> None:
         for listener in list(self.listeners):
-            listener(why)
+            listener(why, subject)
 
     def _spawn(self, coro) -> None:
         task = asyncio.ensure_future(coro)

@@ -45,7 +45,6 @@ class Metrics:
         self.admission_rejections = Counter("admission_rejections", "Requests refused by admission, by reason.",
                                             ["reason"], registry=self.registry)
         self.registry.register(_SnapshotCollector(pool, snapshot))
-        self._leases: dict[str, int] = {}
 
     # ---- counted as they happen --------------------------------------------------------------
 
@@ -60,21 +59,14 @@ class Metrics:
         if eviction:
             self.evictions.labels(reason=reason).inc()
 
-    def on_pool_change(self, why: str) -> None:
-        """A pool listener. It is called synchronously after every lease change and every recorded
-        event, so diffing the leases finds the model a request started on, and the newest of
-        `recent_events` is the event just recorded."""
-        leases = {e.id: e.leases for e in self.pool.entries.values()}
+    def on_pool_change(self, why: str, subject: Any = None) -> None:
+        """A pool listener: `subject` is the model a request started on, or the event just recorded."""
         if why == "request_start":
-            for model, count in leases.items():
-                for _ in range(count - self._leases.get(model, 0)):
-                    self.request_started(model)
-        self._leases = leases
-        if why == "event" and self.pool.recent_events:
-            event = self.pool.recent_events[-1]
+            self.request_started(subject)
+        elif why == "event":
             # unloads, and only they, measure what they freed; cache reclaims name no model
-            unloaded = bool(event.get("model") or event.get("model_id")) and event.get("freed_bytes") is not None
-            self.record_event(event.get("reason") or "unknown", eviction=unloaded)
+            unloaded = bool(subject.get("model")) and subject.get("freed_bytes") is not None
+            self.record_event(subject.get("reason") or "unknown", eviction=unloaded)
 
     # ---- scraping ----------------------------------------------------------------------------
 

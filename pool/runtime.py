@@ -37,7 +37,7 @@ class Runtime:
         self.started = False
         self._start_lock: asyncio.Lock | None = None
 
-    def _on_pool_change(self, why: str) -> None:
+    def _on_pool_change(self, why: str, subject=None) -> None:
         self.enforcer.wake(active=why in ("request_start", "load_start"))
         self.broadcaster.schedule()
 

@@ -190,15 +190,15 @@ class FakePool:
 
     def lease(self, model):
         self.entries[model].leases += 1
-        self.metrics.on_pool_change("request_start")
+        self.metrics.on_pool_change("request_start", model)
 
     def end(self, model):
         self.entries[model].leases -= 1
-        self.metrics.on_pool_change("request_end")
+        self.metrics.on_pool_change("request_end", model)
 
     def record(self, **event):
         self.recent_events.append({"model": event.get("model_id"), **event})
-        self.metrics.on_pool_change("event")
+        self.metrics.on_pool_change("event", self.recent_events[-1])
 
 
 def snapshot():
@@ -221,7 +221,7 @@ def pool_and_metrics():
     return pool, pool.metrics
 
 
-def test_requests_are_counted_per_model_from_lease_changes(pool_and_metrics):
+def test_requests_are_counted_per_model(pool_and_metrics):
     pool, metrics = pool_and_metrics
     pool.lease("a"), pool.lease("a"), pool.lease("b"), pool.end("a"), pool.lease("a"), pool.end("b")
     got = samples(metrics)
