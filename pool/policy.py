@@ -184,7 +184,12 @@ def _victims_for_count_cap(resident_count: int, max_loaded: int) -> int:
 
 
 def format_bytes(n: int) -> str:
-    return f"{n / 10**9:.1f} GB"
+    """Decimal units, like conf.parse_size's "GB": 1.2 GB, 115.2 MB."""
+    if abs(n) >= 10**9:
+        return f"{n / 10**9:.1f} GB"
+    if abs(n) >= 10**6:
+        return f"{n / 10**6:.1f} MB"
+    return f"{n / 10**3:.1f} kB"
 
 
 def _describe_request(model_id: str, size: int, headroom: float, *, with_headroom: bool) -> str:
