@@ -119,7 +119,6 @@ async def main():
 
 
 if __name__ == "__main__":
-    from pathlib import Path  # noqa: F401 - used in measure()
     import django  # the pool's modules import the ORM models through services only; settings are still needed
     import os
 

@@ -1,6 +1,5 @@
 """The OpenAI routes through a real Daphne server, with the official openai client and plain HTTP."""
 
-import json
 import threading
 import time
 

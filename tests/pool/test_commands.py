@@ -2,7 +2,6 @@
 model folders in a tmp dir, and as subprocesses against a real running server."""
 
 import json
-import os
 import subprocess
 import sys
 import tempfile

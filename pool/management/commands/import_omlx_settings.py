@@ -21,7 +21,9 @@ from pool.errors import BadRequest
 from pool.models import ModelSettings
 from pool.services import OMLX_NAMES, SETTINGS_FIELDS, validate_settings
 
-from .models import ServerRefused, call_server, db_settings, server_url
+from pool.client import ServerRefused, call_server, server_url
+
+from .models import db_settings
 
 
 def known_key(key: str) -> bool:

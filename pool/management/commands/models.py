@@ -1,72 +1,18 @@
 """`python manage.py models`: every model with its state, size, pin, alias and TTL.
 
 The state comes from the running server (GET /api/pool) when one answers; otherwise the models are
-discovered on disk and shown as unloaded. The small HTTP client here is shared by `pin`/`unpin`.
+discovered on disk and shown as unloaded.
 """
 
 from __future__ import annotations
 
-import json
-import socket
-import urllib.error
-import urllib.request
-from typing import Any
-
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
+from pool.client import ServerRefused, call_server, server_url
 from pool.conf import get_settings
 from pool.discovery import discover
 from pool.models import ModelSettings
-
-SERVER_TIMEOUT = 1.0
-
-
-class ServerRefused(Exception):
-    """A server answered, with an error."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(f"{status}: {message}")
-        self.status, self.message = status, message
-
-
-def server_url() -> str:
-    conf = get_settings()
-    # `serve` may listen on every address; a client reaches it through loopback.
-    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(conf.host, conf.host)
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"http://{host}:{conf.port}"
-
-
-def call_server(method: str, path: str, body: dict | None = None, *,
-                timeout: float = SERVER_TIMEOUT) -> dict[str, Any] | None:
-    """The server's JSON answer; None when no server answers (nothing listening, or no reply in
-    time); ServerRefused when one answers with an error status."""
-    headers = {"Accept": "application/json"}
-    if get_settings().api_key:
-        headers["Authorization"] = f"Bearer {get_settings().api_key}"
-    data = None
-    if body is not None:
-        data = json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
-    request = urllib.request.Request(server_url() + path, data=data, headers=headers, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return json.loads(response.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        raise ServerRefused(e.code, _error_message(e)) from None
-    except (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError):
-        return None
-    except json.JSONDecodeError:
-        raise ServerRefused(200, "the answer is not JSON (is another program on this port?)") from None
-
-
-def _error_message(e: urllib.error.HTTPError) -> str:
-    try:
-        return json.loads(e.read())["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        return e.reason or "error"
 
 
 def format_size(n: int | None) -> str:

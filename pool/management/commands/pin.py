@@ -16,7 +16,9 @@ from pool.conf import get_settings
 from pool.discovery import discover
 from pool.models import ModelSettings
 
-from .models import ServerRefused, call_server, db_settings, server_url
+from pool.client import ServerRefused, call_server, server_url
+
+from .models import db_settings
 
 POST_TIMEOUT = 10.0  # the server writes its database before it answers
 
