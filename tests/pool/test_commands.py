@@ -323,3 +323,15 @@ def test_pin_reaches_the_running_pool_and_models_shows_live_state(start_server):
     done = manage(server, "pin", DEMO, OMLX_API_KEY="wrong")
     assert done.returncode == 1 and "answered 401" in done.stderr
     assert server.model(DEMO)["pinned"] is False
+
+
+def test_import_reaches_the_running_pool(start_server, tmp_path):
+    server = start_server()
+    path = tmp_path / "model_settings.json"
+    path.write_text(json.dumps({"version": 1, "models": {DEMO: {"is_pinned": True, "ttl_seconds": 900,
+                                                                "model_alias": "smol"}}}))
+    done = manage(server, "import_omlx_settings", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "applied to the running server" in done.stdout
+    model = server.model(DEMO)
+    assert model["pinned"] is True and model["ttl_seconds"] == 900 and model["alias"] == "smol"

@@ -138,10 +138,12 @@ class Command(BaseCommand):
             raise CommandError(f"nothing imported: {e}") from None
 
     def _note_running_server(self) -> None:
+        """A running server re-reads the settings when it re-discovers its models."""
         try:
-            running = call_server("GET", "/health") is not None
-        except ServerRefused:
-            running = True
-        if running:
-            self.stdout.write(f"a server is running at {server_url()}: it applies these settings when it restarts "
-                              f"(pin/unpin and the admin apply a change at once)")
+            answer = call_server("POST", "/api/rediscover", {})
+        except ServerRefused as e:
+            self.stdout.write(f"the server at {server_url()} refused to reload the settings ({e.message}); "
+                              "it applies them when it restarts")
+            return
+        if answer is not None:
+            self.stdout.write(f"applied to the running server at {server_url()}")
