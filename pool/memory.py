@@ -3,6 +3,7 @@ lets tests give the enforcer and the admission policy exact numbers."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import sys
@@ -45,13 +46,27 @@ class MemoryReading:
         return {**asdict(self), "usage": self.usage, "reclaimable": self.reclaimable}
 
 
+class _RusageInfoV2(ctypes.Structure):
+    # <sys/resource.h> rusage_info_v2: a 16-byte uuid, then 64-bit counters
+    _fields_ = [("ri_uuid", ctypes.c_uint8 * 16)] + [(name, ctypes.c_uint64) for name in (
+        "ri_user_time", "ri_system_time", "ri_pkg_idle_wkups", "ri_interrupt_wkups", "ri_pageins",
+        "ri_wired_size", "ri_resident_size", "ri_phys_footprint", "ri_proc_start_abstime",
+        "ri_proc_exit_abstime", "ri_child_user_time", "ri_child_system_time", "ri_child_pkg_idle_wkups",
+        "ri_child_interrupt_wkups", "ri_child_pageins", "ri_child_elapsed_abstime", "ri_diskio_bytesread",
+        "ri_diskio_byteswritten")]
+
+
 def _phys_footprint() -> int | None:
+    """macOS's per-process ledger (what Activity Monitor shows and jetsam acts on), via libproc."""
     if sys.platform != "darwin":
         return None
     try:
-        info = psutil.Process().memory_full_info()
-        return getattr(info, "phys_footprint", None) or getattr(info, "uss", None)
-    except (psutil.Error, AttributeError):
+        libproc = ctypes.CDLL("/usr/lib/libproc.dylib")
+        info = _RusageInfoV2()
+        if libproc.proc_pid_rusage(os.getpid(), 2, ctypes.byref(info)) != 0:  # 2 = RUSAGE_INFO_V2
+            return None
+        return int(info.ri_phys_footprint)
+    except (OSError, AttributeError):
         return None
 
 

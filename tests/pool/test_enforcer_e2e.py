@@ -155,3 +155,21 @@ def test_prefill_guard_refuses_up_front(server):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["code"] == "prefill_memory_exceeded" and error["estimated_bytes"] > error["limit_bytes"]
+
+
+def test_hard_aborts_a_load_in_progress_with_409(start_server, make_model):
+    big = make_model("enf-big", 600, seed=19)
+    server = start_server({"big": big}, demo=False, OMLX_MEMORY_PROBE="fake", OMLX_MEMORY_CEILING="10GB")
+    set_usage(server, rss=1 * GB, cache=0)
+    result = {}
+    loader = threading.Thread(target=lambda: result.setdefault("r", ask(server, "big")))
+    loader.start()
+    server.wait_for(lambda: server.model("big")["state"] == "loading", interval=0.01)
+    set_usage(server, rss=int(9.7 * GB), cache=0)
+    actions = tick(server)["actions"]
+    assert ("abort_load", "big") in [(a["kind"], a["model"]) for a in actions]
+    loader.join(60)
+    r = result["r"]
+    assert r.status_code == 409 and r.json()["error"]["code"] == "load_aborted", r.text
+    assert server.model("big")["state"] == "unloaded"  # not cached as a failure: it may be retried
+    assert "load_aborted" in reasons(server)
