@@ -87,6 +87,9 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 
+# Prompts can be long: Django's 2.5 MB default would refuse a big context before we could.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 64 * 2**20
+
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 LOGIN_URL = "/admin/login/"

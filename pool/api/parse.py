@@ -6,6 +6,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+
 from ..conf import parse_duration
 from ..errors import BadRequest
 
@@ -30,7 +33,11 @@ class CompletionRequest:
 
 def json_body(request) -> dict:
     try:
-        body = json.loads(request.body or b"")
+        raw = request.body
+    except RequestDataTooBig:
+        raise BadRequest(f"The body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE // 2**20} MiB.") from None
+    try:
+        body = json.loads(raw or b"")
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequest(f"The body is not valid JSON: {e}") from None
     if not isinstance(body, dict):

@@ -157,3 +157,9 @@ def test_disconnect_stops_generation(server):
                 assert server.model(DEMO)["active_requests"] == 1
                 break  # closes the connection
     server.wait_for(lambda: server.model(DEMO)["active_requests"] == 0, timeout=5)
+
+
+def test_a_body_over_the_limit_is_a_clear_400(server):
+    r = server.post("/v1/completions", content=b'{"model": "tiny", "prompt": "' + b"x" * (65 * 2**20) + b'"}',
+                    headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "larger than" in r.json()["error"]["message"]
