@@ -228,7 +228,7 @@ def test_settings_survive_kill_and_pinned_models_preload(start_server, models):
 
 
 def test_health_answers_while_a_model_loads(start_server, make_model):
-    big = make_model("pool-big", 600, seed=9)
+    big = make_model("pool-big", 1200, seed=9)
     server = start_server({"big": big}, demo=False)
     done = threading.Event()
     loader = threading.Thread(target=lambda: (server.post("/api/models/big/load", {}), done.set()))
@@ -244,3 +244,35 @@ def test_health_answers_while_a_model_loads(start_server, make_model):
     # a blocked event loop would hold /health for the whole load; it answered all along instead
     assert len(latencies) >= 3, (latencies, load_seconds)
     assert max(latencies) < min(1.0, load_seconds), (latencies, load_seconds)
+
+
+def test_a_loaded_model_never_waits_behind_another_load(start_server, models, make_model):
+    server = start_server({"a": models["a"], "big": make_model("pool-big", 1200, seed=9)}, demo=False)
+    assert ask(server, "a").status_code == 200
+    finished = {}
+
+    def load():
+        server.post("/api/models/big/load", {})
+        finished["big"] = time.monotonic()
+    loader = threading.Thread(target=load)
+    loader.start()
+    time.sleep(0.1)  # the load has begun: its first step is the tokenizer, its last the weights
+    assert ask(server, "a").status_code == 200
+    finished["a"] = time.monotonic()
+    loader.join(60)
+    assert finished["a"] < finished["big"], finished  # a's answer came while big was still loading
+
+
+def test_concurrent_requests_to_one_model_share_the_batch(start_server):
+    server = start_server()
+    answers = []
+
+    def paris():
+        reply = server.openai().chat.completions.create(
+            model="smollm2-135m-instruct", max_tokens=12, temperature=0,
+            messages=[{"role": "user", "content": "What is the capital of France?"}])
+        answers.append(reply.choices[0].message.content)
+    threads = [threading.Thread(target=paris) for _ in range(3)]
+    [t.start() for t in threads]
+    [t.join(120) for t in threads]
+    assert len(answers) == 3 and all("Paris" in a for a in answers), answers
