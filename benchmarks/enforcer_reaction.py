@@ -119,10 +119,4 @@ async def main():
 
 
 if __name__ == "__main__":
-    import django  # the pool's modules import the ORM models through services only; settings are still needed
-    import os
-
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omlx_site.settings")
-    os.environ.setdefault("OMLX_HOME", tempfile.mkdtemp(prefix="omlx-bench-"))
-    django.setup()
     asyncio.run(main())
