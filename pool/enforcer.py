@@ -69,6 +69,7 @@ class ProcessMemoryEnforcer:
 
     async def _run(self) -> None:
         while True:
+            self._wake.clear()  # before the tick: a wake-up during it must cut the next sleep short
             try:
                 await self.tick()
             except asyncio.CancelledError:
@@ -80,7 +81,6 @@ class ProcessMemoryEnforcer:
             ttl_due = self.pool.next_expiry_in()
             if ttl_due is not None:
                 sleep = max(0.05, min(sleep, ttl_due + 0.05))
-            self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=sleep)
             except TimeoutError:

@@ -14,6 +14,9 @@ from .memory import make_probe
 
 log = logging.getLogger(__name__)
 
+# Pool changes that can move memory or the TTL clock: the enforcer looks at once.
+WAKES_ENFORCER = ("request_start", "request_end", "load_start", "load_end", "unload", "settings")
+
 
 class Runtime:
     def __init__(self):
@@ -38,7 +41,9 @@ class Runtime:
         self._start_lock: asyncio.Lock | None = None
 
     def _on_pool_change(self, why: str, subject=None) -> None:
-        self.enforcer.wake(active=why in ("request_start", "load_start"))
+        # Not on "tick" or "event": the enforcer's own output must not wake it again.
+        if why in WAKES_ENFORCER:
+            self.enforcer.wake(active=why in ("request_start", "load_start"))
         self.broadcaster.schedule()
 
     def snapshot(self) -> dict:
