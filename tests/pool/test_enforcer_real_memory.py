@@ -36,3 +36,11 @@ def test_a_third_load_is_brought_back_under_soft(start_server, models):
     assert eviction["reason"] in ("pressure_hard", "pressure_soft", "emergency")
     assert eviction["freed_bytes"] >= 0.9 * 150 * MB
     assert eviction["bytes_before"] >= settled["soft_bytes"] > eviction["bytes_after"]
+
+    # the telemetry tells the same story: a tick under pressure, then usage back under soft
+    def series():
+        points = server.get("/api/telemetry", params={"since": 0}).json()["points"]
+        pressed = [i for i, p in enumerate(points) if p["level"] in ("soft", "hard", "emergency")]
+        return pressed and any(p["level"] == "ok" and p["usage"] < p["soft"] for p in points[pressed[0]:]) and points
+    points = server.wait_for(series, timeout=20)
+    assert all(p["ceiling"] == ceiling for p in points)
