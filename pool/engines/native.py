@@ -19,6 +19,16 @@ def _glibc():
 
 
 _LIBC = _glibc()
+M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8
+if _LIBC is not None:
+    # Every engine is a new thread, and glibc gives each thread an arena of its own; its dynamic mmap
+    # threshold also climbs after the first large free, so later weight buffers land in arenas that
+    # malloc_trim cannot hand back. Measured: loading and unloading a 60 MB model 30 times on fresh
+    # threads grew RSS to 985 MB; with a fixed 1 MiB threshold (big buffers in their own mappings,
+    # returned on free) 88 MB. Through the server, 40 rotations of three models still crept from 325
+    # to 416 MB with per-thread arenas, and stayed flat at 351-357 MB with one arena.
+    _LIBC.mallopt(M_MMAP_THRESHOLD, 2**20)
+    _LIBC.mallopt(M_ARENA_MAX, 1)
 
 
 def trim_native_heap() -> None:
