@@ -1,6 +1,7 @@
 """The engine pool end to end: real fixture models of known sizes behind a real server. After each
 step the snapshot, the eviction history and MLX's active memory agree."""
 
+import sqlite3
 import threading
 import time
 
@@ -217,6 +218,8 @@ def test_settings_survive_kill_and_pinned_models_preload(start_server, models):
     server.proc.wait(10)
     server.start()  # same OMLX_HOME: the database, after a kill -9
     assert server.model("b")["pinned"] is True
+    with sqlite3.connect(server.home / "omlx.sqlite3") as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     # loaded in the background at start-up, without a request
     server.wait_for(lambda: server.model("b")["state"] == "loaded", timeout=30)
     assert server.model("a")["state"] == "unloaded"
