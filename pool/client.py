@@ -61,3 +61,12 @@ def _error_message(e: urllib.error.HTTPError) -> str:
         return json.loads(e.read())["error"]["message"]
     except (ValueError, KeyError, TypeError):
         return e.reason or "error"
+
+
+def announce_new_models() -> str | None:
+    """Ask a running server to re-discover its models: a line to print, or None when none answers."""
+    try:
+        answer = call_server("POST", "/api/rediscover", {})
+    except ServerRefused as e:
+        return f"the server at {server_url()} did not re-discover its models: {e.message}"
+    return None if answer is None else f"the running server at {server_url()} lists it now"

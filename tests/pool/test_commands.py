@@ -335,3 +335,13 @@ def test_import_reaches_the_running_pool(start_server, tmp_path):
     assert "applied to the running server" in done.stdout
     model = server.model(DEMO)
     assert model["pinned"] is True and model["ttl_seconds"] == 900 and model["alias"] == "smol"
+
+
+def test_a_new_model_appears_in_the_running_server(start_server):
+    server = start_server()
+    done = manage(server, "make_fixture_model", "fresh", "--size-mb", "5",
+                  "--tokenizer-from", str(server.home / "models" / DEMO))
+    assert done.returncode == 0, done.stderr
+    assert "lists it now" in done.stdout
+    assert server.model("fresh")["state"] == "unloaded"
+    assert server.post("/v1/completions", {"model": "fresh", "prompt": "x", "max_tokens": 2}).status_code == 200

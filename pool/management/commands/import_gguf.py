@@ -4,6 +4,7 @@ import time
 
 from django.core.management.base import BaseCommand, CommandError
 
+from pool.client import announce_new_models
 from pool.conf import get_settings
 from pool.gguf import GGUFImportError, convert, default_name, folder_size, is_model_dir, resolve_source
 
@@ -74,3 +75,5 @@ class Command(BaseCommand):
             progress.close()
         seconds = time.monotonic() - started
         self.stdout.write(f"{name}: {out_dir} ({folder_size(out_dir) / 1e6:.1f} MB, {seconds:.1f} s)")
+        if (line := announce_new_models()) is not None:
+            self.stdout.write(line)

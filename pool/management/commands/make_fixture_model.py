@@ -4,6 +4,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from pool.client import announce_new_models
 from pool.conf import get_settings
 from pool.gguf import folder_size
 
@@ -34,3 +35,5 @@ class Command(BaseCommand):
             raise CommandError(str(e)) from e
         shape = ", ".join(f"{k}={cfg[k]}" for k in ("hidden_size", "intermediate_size", "num_hidden_layers"))
         self.stdout.write(f"{out_dir} ({folder_size(out_dir) / 1e6:.1f} MB; {shape})")
+        if (line := announce_new_models()) is not None:
+            self.stdout.write(line)
