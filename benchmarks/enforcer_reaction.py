@@ -54,6 +54,7 @@ async def measure(args, *, wake: bool) -> list[float]:
     from pool.enforcer import ProcessMemoryEnforcer
     from pool.engines.native import reclaim_cache
     from pool.memory import RealProbe
+    from pool.runtime import WAKES_ENFORCER
 
     folders = [fixture(f"bench-{n}", args.size_mb, seed=i) for i, n in enumerate("xyz")]
     with tempfile.TemporaryDirectory() as models_dir:
@@ -80,7 +81,8 @@ async def measure(args, *, wake: bool) -> list[float]:
             if not wake:
                 enforcer.wake = lambda **kw: None
                 enforcer._next_interval = lambda: 1.0
-            listener = lambda why, subject=None: enforcer.wake(active=why in ("request_start", "load_start"))
+            listener = lambda why, subject=None: why in WAKES_ENFORCER and enforcer.wake(
+                active=why in ("request_start", "load_start"))
             pool.listeners.append(listener)
             enforcer.start()
             await asyncio.sleep(0.2)

@@ -19,6 +19,8 @@ from .errors import BadRequest, ServiceUnavailable
 
 log = logging.getLogger(__name__)
 
+MIN_TICK_GAP = 0.01
+
 
 class ProcessMemoryEnforcer:
     def __init__(self, pool, probe, settings, *, telemetry=None, metrics=None):
@@ -85,6 +87,7 @@ class ProcessMemoryEnforcer:
                 await asyncio.wait_for(self._wake.wait(), timeout=sleep)
             except TimeoutError:
                 pass
+            await asyncio.sleep(MIN_TICK_GAP)  # a storm of wake-ups cannot spin the loop
 
     def _next_interval(self) -> float:
         entries = self.pool.entries.values()
