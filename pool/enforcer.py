@@ -113,36 +113,46 @@ class ProcessMemoryEnforcer:
 
     async def _tick(self) -> policy.TickDecision | None:
         await self.pool.expire_idle()
-        reading = self.probe.read()
-        ceiling = self.ceiling(reading)
-        decision = None
+        seen_at, seen = time.time(), self.probe.read()
+        ceiling = self.ceiling(seen)
         if ceiling is None:
             self.lines, self.level, self.over_ceiling_polls = None, "ok", 0
-        else:
-            self.lines = policy.pressure_lines(ceiling, self.conf.soft_fraction, self.conf.hard_fraction)
-            decision = policy.decide(self._readings(reading), self.pool.views(),
-                                     over_ceiling_polls=self.over_ceiling_polls, reclaimed=False)
-            applied: tuple[policy.Action, ...] = ()
-            if any(a.kind == "reclaim" for a in decision.actions):
-                await self._apply(decision, reading)
-                applied = decision.actions
-                reading = self.probe.read()
-                # the same poll: the re-measure must not count as a second poll over the ceiling
-                decision = policy.decide(self._readings(reading), self.pool.views(),
-                                         over_ceiling_polls=self.over_ceiling_polls, reclaimed=True)
+            self._finish(seen)
+            return None
+        self.lines = policy.pressure_lines(ceiling, self.conf.soft_fraction, self.conf.hard_fraction)
+        reading, applied = seen, ()
+        decision = policy.decide(self._readings(reading), self.pool.views(),
+                                 over_ceiling_polls=self.over_ceiling_polls, reclaimed=False)
+        seen_row = self._telemetry_row(seen_at, seen, decision.level)
+        if any(a.kind == "reclaim" for a in decision.actions):
             await self._apply(decision, reading)
-            decision = replace(decision, actions=applied + decision.actions)
-            self.over_ceiling_polls = decision.over_ceiling_polls
+            applied, reading = decision.actions, self.probe.read()
+            # the same poll: the re-measure must not count as a second poll over the ceiling
+            decision = policy.decide(self._readings(reading), self.pool.views(),
+                                     over_ceiling_polls=self.over_ceiling_polls, reclaimed=True)
+        await self._apply(decision, reading)
+        decision = replace(decision, actions=applied + decision.actions)
+        self.over_ceiling_polls = decision.over_ceiling_polls
+        if not decision.actions:
             self.level = decision.level
-            if decision.actions:
-                reading = self.probe.read()
+            self._finish(reading)
+            return decision
+        # Acting moved the memory: the level from here on (admission, the dashboard) is the one
+        # after; telemetry keeps both, the pressure seen and where the tick left it.
+        after = self.probe.read()
+        self.level = policy.classify(after.usage, self.lines, 0)[0]
+        self._finish(after, seen_row=seen_row)
+        return decision
+
+    def _finish(self, reading, *, seen_row: dict | None = None) -> None:
         self._set_admission(self.level != "ok")
         self.last_reading, self.last_tick_at = reading, time.time()
         self.ticks += 1
         if self.telemetry is not None:
-            self.telemetry.append(self._telemetry_row(reading))
+            if seen_row is not None:
+                self.telemetry.append(seen_row)
+            self.telemetry.append(self._telemetry_row(self.last_tick_at, reading, self.level))
         self.pool.changed("tick")
-        return decision
 
     def _readings(self, reading) -> policy.Readings:
         return policy.Readings(usage=reading.usage, reclaimable=reading.reclaimable, lines=self.lines)
@@ -259,11 +269,11 @@ class ProcessMemoryEnforcer:
             "last_tick_at": self.last_tick_at,
         }
 
-    def _telemetry_row(self, reading) -> dict:
+    def _telemetry_row(self, at: float, reading, level: str) -> dict:
         resident = [v for v in self.pool.views() if v.state in ("loaded", "loading")]
         lines = self.lines
-        return {"t": time.time(), "usage": reading.usage, "active": reading.active, "cache": reading.cache,
+        return {"t": at, "usage": reading.usage, "active": reading.active, "cache": reading.cache,
                 "rss": reading.rss, "model_bytes": sum(v.footprint for v in resident),
                 "ceiling": lines.ceiling if lines else None, "soft": lines.soft if lines else None,
-                "hard": lines.hard if lines else None, "level": self.level,
+                "hard": lines.hard if lines else None, "level": level,
                 "loaded": sum(v.state == "loaded" for v in resident)}

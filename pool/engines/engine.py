@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 from mlx_lm.generate import BatchGenerator, generation_stream
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import load_model, load_tokenizer
@@ -264,7 +265,12 @@ class Engine:
         # The tokenizer first, the weights last: the memory arrives at the very end of the load,
         # where the load's wake-up lets the enforcer see it at once.
         tokenizer = load_tokenizer(self.path, eos_token_ids=eos)
-        model, config = load_model(self.path)
+        model, config = load_model(self.path, lazy=True)
+        # One tensor at a time: a single eval of every weight holds the GIL for the whole read,
+        # stalling the event loop and the other engines (measured: 109 ms gaps for a 1.2 GB model;
+        # 37 ms in all this way).
+        for _, weight in tree_flatten(model.parameters()):
+            mx.eval(weight)
         mx.synchronize(generation_stream)
         self._model, self._tokenizer = model, tokenizer
         self.model_info = _model_info(model, config)
