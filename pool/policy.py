@@ -184,12 +184,11 @@ def _victims_for_count_cap(resident_count: int, max_loaded: int) -> int:
 
 
 def format_bytes(n: int) -> str:
-    """Decimal units, like conf.parse_size's "GB": 1.2 GB, 115.2 MB."""
-    if abs(n) >= 10**9:
-        return f"{n / 10**9:.1f} GB"
-    if abs(n) >= 10**6:
-        return f"{n / 10**6:.1f} MB"
-    return f"{n / 10**3:.1f} kB"
+    """Decimal units, like conf.parse_size's: 1.2 GB, 115.2 MB, 999 B."""
+    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 def _describe_request(model_id: str, size: int, headroom: float, *, with_headroom: bool) -> str:

@@ -13,16 +13,12 @@ from pool.client import ServerRefused, call_server, server_url
 from pool.conf import get_settings
 from pool.discovery import discover
 from pool.models import ModelSettings
+from pool.policy import format_bytes
 
 
 def format_size(n: int | None) -> str:
     """Decimal units, like the sizes in OMLX_* settings: 269079552 -> '269.1 MB'."""
-    if n is None:
-        return "-"
-    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
+    return "-" if n is None else format_bytes(n)
 
 
 def format_seconds(seconds: float | None) -> str:
