@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -136,6 +137,23 @@ class Server:
     def model(self, model_id: str) -> dict:
         return next(m for m in self.pool()["models"] if m["id"] == model_id)
 
+    def chat(self, model: str, **body) -> httpx.Response:
+        """A short chat completion (2 tokens unless the body says otherwise)."""
+        return self.post("/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "hi"}],
+                                                  "max_tokens": 2, **body})
+
+    def states(self) -> dict:
+        return {m["id"]: m["state"] for m in self.pool()["models"]}
+
+    def events(self, **params) -> list[dict]:
+        return self.get("/api/evictions", params=params).json()["events"]
+
+    def stream(self, model: str) -> "BackgroundStream":
+        """A long streaming completion, running and loaded, held open until closed or aborted."""
+        stream = BackgroundStream(self, model)
+        self.wait_for(lambda: self.model(model)["active_requests"] >= 1 and self.model(model)["state"] == "loaded")
+        return stream
+
     def wait_for(self, predicate, timeout: float = 30, interval: float = 0.1):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -144,6 +162,36 @@ class Server:
                 return value
             time.sleep(interval)
         raise AssertionError(f"timed out waiting; pool: {json.dumps(self.pool(), indent=1)[:3000]}")
+
+
+class BackgroundStream:
+    def __init__(self, server: Server, model: str):
+        self.lines: list[str] = []
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(server, model), daemon=True)
+        self._thread.start()
+
+    def _run(self, server: Server, model: str) -> None:
+        body = {"model": model, "prompt": "x", "max_tokens": 100000, "stream": True}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=server.headers,
+                          timeout=60) as r:
+            for line in r.iter_lines():
+                self.lines.append(line)
+                if self._closing.is_set():
+                    return  # closes the connection: the server forgets the request
+
+    def close(self, timeout: float = 20) -> None:
+        self._closing.set()
+        self.join(timeout)
+
+    def join(self, timeout: float = 20) -> None:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the stream did not end"
+
+    def ended_with_error(self, code: str) -> bool:
+        """The SSE ended as an aborted request does: an error chunk, then [DONE]."""
+        data = [line for line in self.lines if line.startswith("data: ")]
+        return len(data) >= 2 and f'"{code}"' in data[-2] and data[-1] == "data: [DONE]"
 
 
 @pytest.fixture

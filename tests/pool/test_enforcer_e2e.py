@@ -6,11 +6,9 @@ be the one that acts: the tests check outcomes (states, events, what clients got
 import json
 import threading
 
-import httpx
 import pytest
 
 GB = 10**9
-CHAT = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
@@ -28,38 +26,8 @@ def tick(server) -> dict:
     return r.json()
 
 
-def ask(server, model, **body):
-    return server.post("/v1/chat/completions", {"model": model, "messages": CHAT, "max_tokens": 2, **body})
-
-
-def states(server):
-    return {m["id"]: m["state"] for m in server.pool()["models"]}
-
-
-def events(server):
-    return server.get("/api/evictions").json()["events"]
-
-
-def reasons(server):
-    return [e["reason"] for e in events(server)]
-
-
-def stream_in_background(server, model):
-    lines = []
-
-    def run():
-        with httpx.stream("POST", server.url + "/v1/completions", timeout=60,
-                          json={"model": model, "prompt": "x", "max_tokens": 100000, "stream": True}) as r:
-            lines.extend(r.iter_lines())
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    server.wait_for(lambda: server.model(model)["active_requests"] == 1 and server.model(model)["state"] == "loaded")
-    return lines, thread
-
-
-def aborted_by_pressure(lines) -> bool:
-    data = [l for l in lines if l.startswith("data: ")]
-    return len(data) >= 2 and '"memory_pressure"' in data[-2] and data[-1] == "data: [DONE]"
+def reasons(server) -> list[str]:
+    return [e["reason"] for e in server.events()]
 
 
 @pytest.fixture
@@ -77,29 +45,29 @@ def test_lines_and_level_in_the_snapshot(server):
 
 
 def test_soft_keeps_the_last_unpinned_model_and_pauses_admission(server):
-    ask(server, "a"), ask(server, "b")
+    server.chat("a"), server.chat("b")
     set_usage(server, rss=int(9.2 * GB), cache=0)
     result = tick(server)
     assert result["level"] == "soft" and result["memory"]["admission_paused"]
-    assert states(server) == {"a": "unloaded", "b": "loaded", "c": "unloaded"}  # LRU first, b stays
-    assert [(e["model"], e["reason"]) for e in events(server)] == [("a", "pressure_soft")]
+    assert server.states() == {"a": "unloaded", "b": "loaded", "c": "unloaded"}  # LRU first, b stays
+    assert [(e["model"], e["reason"]) for e in server.events()] == [("a", "pressure_soft")]
     assert tick(server)["actions"] == []  # the last unpinned model is kept at soft
 
-    r = ask(server, "b")  # waits OMLX_ADMISSION_WAIT, then is told
+    r = server.chat("b")  # waits OMLX_ADMISSION_WAIT, then is told
     assert r.status_code == 503 and r.json()["error"]["code"] == "memory_pressure"
     assert int(r.headers["Retry-After"]) >= 1
 
     set_usage(server, rss=1 * GB, cache=0)
     assert tick(server)["level"] == "ok"
-    assert ask(server, "b").status_code == 200
+    assert server.chat("b").status_code == 200
 
 
 def test_a_waiting_request_is_admitted_when_pressure_clears(server):
-    ask(server, "a")
+    server.chat("a")
     set_usage(server, rss=int(9.2 * GB), cache=0)
     tick(server)
     result = {}
-    waiter = threading.Thread(target=lambda: result.setdefault("r", ask(server, "a")))
+    waiter = threading.Thread(target=lambda: result.setdefault("r", server.chat("a")))
     waiter.start()
     set_usage(server, rss=1 * GB, cache=0)
     tick(server)
@@ -108,7 +76,7 @@ def test_a_waiting_request_is_admitted_when_pressure_clears(server):
 
 
 def test_reclaim_comes_first(server):
-    ask(server, "a")
+    server.chat("a")
     set_usage(server, rss=int(9.2 * GB), cache=int(0.5 * GB))
     kinds = [a["kind"] for a in tick(server)["actions"]]
     assert kinds[0] == "reclaim"
@@ -116,49 +84,48 @@ def test_reclaim_comes_first(server):
 
 
 def test_hard_evicts_the_last_idle_model_and_aborts_the_busy_one(server):
-    ask(server, "a")
-    lines, thread = stream_in_background(server, "b")
+    server.chat("a")
+    busy = server.stream("b")
     set_usage(server, rss=int(9.7 * GB), cache=0)
     assert tick(server)["memory"]["level"] == "hard"
-    thread.join(20)
-    assert aborted_by_pressure(lines)
-    assert states(server)["a"] == "unloaded"
-    by_model = {(e["model"], e["reason"]) for e in events(server)}
+    busy.join()
+    assert busy.ended_with_error("memory_pressure")
+    assert server.states()["a"] == "unloaded"
+    by_model = {(e["model"], e["reason"]) for e in server.events()}
     assert {("a", "pressure_hard"), ("b", "requests_aborted")} <= by_model
     # the abort itself kept b loaded: its event is no unload (once idle, a later tick may evict it)
-    assert next(e for e in events(server) if e["reason"] == "requests_aborted")["freed_bytes"] is None
+    assert next(e for e in server.events() if e["reason"] == "requests_aborted")["freed_bytes"] is None
 
 
 def test_emergency_by_two_polls_aborts_even_pinned_requests(server):
     server.post("/admin/model/a/settings", {"is_pinned": True})
-    lines_a, thread_a = stream_in_background(server, "a")
-    lines_b, thread_b = stream_in_background(server, "b")
+    stream_a, stream_b = server.stream("a"), server.stream("b")
     set_usage(server, rss=10 * GB + 1, cache=0)  # at the ceiling, not 2 GiB over it
     tick(server)
-    thread_b.join(20)  # the first poll at the ceiling is hard: b, unpinned, loses its request
-    assert aborted_by_pressure(lines_b)
+    stream_b.join()  # the first poll at the ceiling is hard: b, unpinned, loses its request
+    assert stream_b.ended_with_error("memory_pressure")
     tick(server)  # the second poll in a row at the ceiling is an emergency
-    thread_a.join(20)
-    assert aborted_by_pressure(lines_a)  # pinned models' requests too
-    assert ("a", "emergency") in {(e["model"], e["reason"]) for e in events(server)}
-    assert states(server)["a"] == "loaded"  # pinned: aborted, never unloaded
+    stream_a.join()
+    assert stream_a.ended_with_error("memory_pressure")  # pinned models' requests too
+    assert ("a", "emergency") in {(e["model"], e["reason"]) for e in server.events()}
+    assert server.states()["a"] == "loaded"  # pinned: aborted, never unloaded
 
 
 def test_emergency_by_margin_in_one_poll(server):
     server.post("/admin/model/a/settings", {"is_pinned": True})
-    lines, thread = stream_in_background(server, "a")
+    stream = server.stream("a")
     set_usage(server, rss=13 * GB, cache=0)  # over the ceiling by more than 2 GiB
     assert tick(server)["memory"]["level"] == "emergency"
-    thread.join(20)
-    assert aborted_by_pressure(lines)
-    assert ("a", "emergency") in {(e["model"], e["reason"]) for e in events(server)}
-    assert states(server)["a"] == "loaded"
+    stream.join()
+    assert stream.ended_with_error("memory_pressure")
+    assert ("a", "emergency") in {(e["model"], e["reason"]) for e in server.events()}
+    assert server.states()["a"] == "loaded"
 
 
 def test_prefill_guard_refuses_up_front(start_server, models):
     server = start_server(models, demo=False, OMLX_MEMORY_PROBE="fake", OMLX_MEMORY_CEILING="1GB")
     set_usage(server, rss=int(0.89 * GB), cache=0)  # under soft: admission is open
-    assert ask(server, "a").status_code == 200
+    assert server.chat("a").status_code == 200
     r = server.post("/v1/completions", {"model": "a", "prompt": "word " * 8000, "max_tokens": 1})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
@@ -172,7 +139,7 @@ def test_hard_aborts_a_load_in_progress_with_409(start_server, make_model):
     server = start_server({"big": big}, demo=False, OMLX_MEMORY_PROBE="fake", OMLX_MEMORY_CEILING="10GB")
     set_usage(server, rss=1 * GB, cache=0)
     result = {}
-    loader = threading.Thread(target=lambda: result.setdefault("r", ask(server, "big")))
+    loader = threading.Thread(target=lambda: result.setdefault("r", server.chat("big")))
     loader.start()
     server.wait_for(lambda: server.model("big")["state"] == "loading", interval=0.01)
     set_usage(server, rss=int(9.7 * GB), cache=0)

@@ -9,42 +9,11 @@ import httpx
 import pytest
 
 MB = 10**6
-CHAT = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
 def models(make_model):
     return {name: make_model(f"pool-{name}", 30, seed=i) for i, name in enumerate("abc")}
-
-
-def ask(server, model, **body):
-    return server.post("/v1/chat/completions", {"model": model, "messages": CHAT, "max_tokens": 2, **body})
-
-
-def states(server):
-    return {m["id"]: m["state"] for m in server.pool()["models"]}
-
-
-def evictions(server, **params):
-    return server.get("/api/evictions", params=params).json()["events"]
-
-
-def hold(server, model, **body):
-    """Start a long streaming request and keep it open until the returned event is set."""
-    release, started = threading.Event(), threading.Event()
-
-    def run():
-        with httpx.stream("POST", server.url + "/v1/completions", timeout=60,
-                          json={"model": model, "prompt": "x", "max_tokens": 100000, "stream": True, **body}) as r:
-            for line in r.iter_lines():
-                started.set()
-                if release.is_set():
-                    break
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert started.wait(30)
-    server.wait_for(lambda: server.model(model)["active_requests"] == 1 and server.model(model)["state"] == "loaded")
-    return release, thread
 
 
 def assert_memory_agrees(server):
@@ -59,98 +28,88 @@ def assert_memory_agrees(server):
 def test_three_models_rotate_under_a_small_budget(start_server, models):
     server = start_server(models, demo=False, OMLX_MAX_MODEL_MEMORY="80MB")
     assert server.post("/api/models/a/load", {}).status_code == 200
-    assert ask(server, "b").status_code == 200
-    assert states(server) == {"a": "loaded", "b": "loaded", "c": "unloaded"}
+    assert server.chat("b").status_code == 200
+    assert server.states() == {"a": "loaded", "b": "loaded", "c": "unloaded"}
     assert_memory_agrees(server)
     plan = server.get("/api/models/c/load-plan").json()
     assert plan["fits"] and plan["evicts"] == ["a"]
-    assert states(server)["a"] == "loaded"  # a plan changes nothing
+    assert server.states()["a"] == "loaded"  # a plan changes nothing
 
-    assert ask(server, "c").status_code == 200  # a is least recently used
-    assert states(server) == {"a": "unloaded", "b": "loaded", "c": "loaded"}
-    [event] = evictions(server)
+    assert server.chat("c").status_code == 200  # a is least recently used
+    assert server.states() == {"a": "unloaded", "b": "loaded", "c": "loaded"}
+    [event] = server.events()
     assert (event["model"], event["reason"], event["requested_by"]) == ("a", "lru", "c")
     assert event["freed_bytes"] >= 0.9 * 30 * MB and not event["warning"]
     assert_memory_agrees(server)
 
-    assert ask(server, "b").status_code == 200  # b is now the most recent: c goes next
-    assert ask(server, "a").status_code == 200
-    assert states(server) == {"a": "loaded", "b": "loaded", "c": "unloaded"}
-    assert [e["model"] for e in evictions(server)] == ["c", "a"]
-    assert [e["model"] for e in evictions(server, model="a")] == ["a"]
+    assert server.chat("b").status_code == 200  # b is now the most recent: c goes next
+    assert server.chat("a").status_code == 200
+    assert server.states() == {"a": "loaded", "b": "loaded", "c": "unloaded"}
+    assert [e["model"] for e in server.events()] == ["c", "a"]
+    assert [e["model"] for e in server.events(model="a")] == ["a"]
     assert_memory_agrees(server)
 
 
 def test_pinned_and_busy_models_are_never_victims(start_server, models):
     server = start_server(models, demo=False, OMLX_MAX_MODEL_MEMORY="80MB")
-    ask(server, "a"), ask(server, "b")
+    server.chat("a"), server.chat("b")
     r = server.post("/admin/model/a/settings", {"is_pinned": True})
     assert r.status_code == 200 and r.json()["is_pinned"] is True
-    assert ask(server, "c").status_code == 200  # a is older but pinned: b goes
-    assert states(server) == {"a": "loaded", "b": "unloaded", "c": "loaded"}
+    assert server.chat("c").status_code == 200  # a is older but pinned: b goes
+    assert server.states() == {"a": "loaded", "b": "unloaded", "c": "loaded"}
 
-    release, thread = hold(server, "c")  # c busy, a pinned: nothing can go
-    r = ask(server, "b")
+    busy = server.stream("c")  # c busy, a pinned: nothing can go
+    r = server.chat("b")
     assert r.status_code == 507
     error = r.json()["error"]
     assert error["code"] == "insufficient_memory" and "'a'" in error["message"] and "'c'" in error["message"]
-    assert states(server) == {"a": "loaded", "b": "unloaded", "c": "loaded"}  # nothing unloaded
+    assert server.states() == {"a": "loaded", "b": "unloaded", "c": "loaded"}  # nothing unloaded
     assert server.post("/api/models/c/unload", {}).status_code == 409  # busy
-    release.set()
-    thread.join(10)
+    busy.close()
     server.wait_for(lambda: server.model("c")["active_requests"] == 0)
     assert server.post("/api/models/a/unload", {}).status_code == 200  # a pin does not stop a manual unload
-    assert evictions(server)[0]["reason"] == "manual"
+    assert server.events()[0]["reason"] == "manual"
 
 
 def test_too_large_and_count_cap(start_server, models):
     server = start_server(models, demo=False, OMLX_MAX_MODEL_MEMORY="20MB")
-    r = ask(server, "a")
+    r = server.chat("a")
     assert r.status_code == 507 and r.json()["error"]["code"] == "model_too_large"
     server = start_server(models, demo=False, OMLX_MAX_MODEL_MEMORY="off", OMLX_MAX_LOADED_MODELS="1")
-    ask(server, "a"), ask(server, "b")
-    assert states(server) == {"a": "unloaded", "b": "loaded", "c": "unloaded"}
-    assert evictions(server)[0]["reason"] == "count_cap"
+    server.chat("a"), server.chat("b")
+    assert server.states() == {"a": "unloaded", "b": "loaded", "c": "unloaded"}
+    assert server.events()[0]["reason"] == "count_cap"
 
 
 def test_force_unload_aborts_requests(start_server, models):
     server = start_server(models, demo=False)
-    chunks = []
-
-    def stream():
-        with httpx.stream("POST", server.url + "/v1/completions", timeout=60,
-                          json={"model": "a", "prompt": "x", "max_tokens": 100000, "stream": True}) as r:
-            chunks.extend(r.iter_lines())
-    thread = threading.Thread(target=stream)
-    thread.start()
-    server.wait_for(lambda: server.model("a")["active_requests"] == 1 and server.model("a")["state"] == "loaded")
+    stream = server.stream("a")
     assert server.post("/api/models/a/unload", {"force": True}).status_code == 200
-    thread.join(20)
-    data = [c for c in chunks if c.startswith("data: ")]
-    assert '"error"' in data[-2] and data[-1] == "data: [DONE]"
+    stream.join()
+    assert stream.ended_with_error("model_unloaded")
     assert server.model("a")["state"] == "unloaded"
 
 
 def test_ttl_and_keep_alive(start_server, models):
     server = start_server(models, demo=False, OMLX_IDLE_TTL="1")
-    ask(server, "a")
+    server.chat("a")
     server.wait_for(lambda: server.model("a")["state"] == "unloaded", timeout=10)
-    assert evictions(server)[0]["reason"] == "ttl"
+    assert server.events()[0]["reason"] == "ttl"
 
     server.post("/admin/model/b/settings", {"is_pinned": True})
-    ask(server, "b")
+    server.chat("b")
     time.sleep(1.5)
     assert server.model("b")["state"] == "loaded"  # pinned models never expire
 
-    ask(server, "c", keep_alive=0)
+    server.chat("c", keep_alive=0)
     server.wait_for(lambda: server.model("c")["state"] == "unloaded", timeout=10)
-    assert evictions(server)[0]["reason"] == "keep_alive"
+    assert server.events()[0]["reason"] == "keep_alive"
 
-    ask(server, "c", keep_alive=-1)
+    server.chat("c", keep_alive=-1)
     time.sleep(1.5)
     assert server.model("c")["state"] == "loaded"  # -1: kept until evicted for space
     server.post("/admin/model/c/settings", {"ttl_seconds": 1})
-    ask(server, "c", keep_alive="2s")
+    server.chat("c", keep_alive="2s")
     assert server.model("c")["ttl_remaining_seconds"] > 1  # the request's keep_alive wins over the TTL
     server.wait_for(lambda: server.model("c")["state"] == "unloaded", timeout=10)
 
@@ -158,7 +117,7 @@ def test_ttl_and_keep_alive(start_server, models):
 def test_concurrent_requests_share_one_load(start_server, models):
     server = start_server(models, demo=False)
     results = []
-    threads = [threading.Thread(target=lambda: results.append(ask(server, "a").status_code)) for _ in range(4)]
+    threads = [threading.Thread(target=lambda: results.append(server.chat("a").status_code)) for _ in range(4)]
     [t.start() for t in threads]
     [t.join(60) for t in threads]
     assert results == [200] * 4
@@ -172,7 +131,7 @@ def test_failed_load_is_409_until_rediscovery(start_server, models, tmp_path):
     (broken / "model.safetensors").write_bytes(b"not weights")
     server = start_server({"broken": broken}, demo=False)
     for _ in range(2):
-        r = ask(server, "broken")
+        r = server.chat("broken")
         assert r.status_code == 409 and r.json()["error"]["code"] == "model_unavailable"
         assert "Traceback" not in r.text
     assert server.model("broken")["state"] == "failed"
@@ -187,7 +146,7 @@ def test_settings_route_validates(start_server, models):
     assert r.status_code == 200 and body["ttl_seconds"] == 30 and body["alias"] == "alpha" and not body["is_pinned"]
     r = httpx.put(server.url + "/admin/model/a/settings", json={"is_hidden": True}, timeout=10)
     assert r.status_code == 200 and r.json()["alias"] == "alpha" and r.json()["is_hidden"]
-    assert ask(server, "alpha").status_code == 200  # the alias works as a model name
+    assert server.chat("alpha").status_code == 200  # the alias works as a model name
     assert server.post("/admin/model/nope/settings", {"is_pinned": True}).status_code == 404
     r = server.post("/admin/model/a/settings", {"is_pinned": "yes"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "is_pinned"
@@ -251,7 +210,7 @@ def test_health_answers_while_a_model_loads(start_server, make_model):
 
 def test_a_loaded_model_never_waits_behind_another_load(start_server, models, make_model):
     server = start_server({"a": models["a"], "big": make_model("pool-big", 1200, seed=9)}, demo=False)
-    assert ask(server, "a").status_code == 200
+    assert server.chat("a").status_code == 200
     finished = {}
 
     def load():
@@ -260,7 +219,7 @@ def test_a_loaded_model_never_waits_behind_another_load(start_server, models, ma
     loader = threading.Thread(target=load)
     loader.start()
     time.sleep(0.1)  # the load has begun: its first step is the tokenizer, its last the weights
-    assert ask(server, "a").status_code == 200
+    assert server.chat("a").status_code == 200
     finished["a"] = time.monotonic()
     loader.join(60)
     assert finished["a"] < finished["big"], finished  # a's answer came while big was still loading
