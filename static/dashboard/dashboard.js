@@ -429,6 +429,18 @@
                           manual: "#475569", pressure_soft: "#d97706", pressure_hard: "#dc2626",
                           emergency: "#dc2626" };
 
+  // One dashed line in `color` on the chart's canvas; leaves that colour as the fill for a label.
+  function dashedLine(ctx, color, dash, x0, y0, x1, y1) {
+    ctx.strokeStyle = color;
+    ctx.fillStyle = color;
+    ctx.lineWidth = window.devicePixelRatio || 1;
+    ctx.setLineDash(dash);
+    ctx.beginPath();
+    ctx.moveTo(x0, y0);
+    ctx.lineTo(x1, y1);
+    ctx.stroke();
+  }
+
   function evictionMarks() {
     return {
       hooks: {
@@ -445,28 +457,14 @@
             if (value == null) continue;
             const y = Math.round(u.valToPos(value, "y", true));
             if (y < top || y > top + height) continue;
-            ctx.strokeStyle = color;
-            ctx.fillStyle = color;
-            ctx.lineWidth = dpr;
-            ctx.setLineDash([6 * dpr, 4 * dpr]);
-            ctx.beginPath();
-            ctx.moveTo(left, y);
-            ctx.lineTo(left + width, y);
-            ctx.stroke();
+            dashedLine(ctx, color, [6 * dpr, 4 * dpr], left, y, left + width, y);
             ctx.fillText(name + " " + fmtBytes(value), left + width - 4 * dpr, name === "hard" ? y - 3 * dpr : y + 12 * dpr);
           }
           for (const mk of marks) {
             const x = Math.round(u.valToPos(mk.t, "x", true));
             if (x < left || x > left + width) continue;
             const color = REASON_COLORS[mk.reason] || "#475569";
-            ctx.strokeStyle = color;
-            ctx.fillStyle = color;
-            ctx.lineWidth = dpr;
-            ctx.setLineDash([3 * dpr, 3 * dpr]);
-            ctx.beginPath();
-            ctx.moveTo(x, top);
-            ctx.lineTo(x, top + height);
-            ctx.stroke();
+            dashedLine(ctx, color, [3 * dpr, 3 * dpr], x, top, x, top + height);
             ctx.setLineDash([]);
             ctx.beginPath();
             ctx.moveTo(x - 5 * dpr, top);
