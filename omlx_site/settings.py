@@ -7,16 +7,20 @@ from pool.conf import get_settings
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 OMLX = get_settings()
-OMLX.home.mkdir(parents=True, exist_ok=True)
 
 
 def _secret_key() -> str:
-    # Persisted so that staff sessions survive a restart; never committed.
+    # Persisted so that staff sessions survive a restart; never committed. A data folder that
+    # cannot be written gets a key for this process only: `serve` then says why it cannot start.
     path = OMLX.home / "secret_key"
-    if not path.exists():
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
-    return path.read_text().strip()
+    try:
+        OMLX.home.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            path.write_text(secrets.token_urlsafe(50))
+            path.chmod(0o600)
+        return path.read_text().strip()
+    except OSError:
+        return secrets.token_urlsafe(50)
 
 
 SECRET_KEY = _secret_key()

@@ -75,3 +75,8 @@ class ServiceUnavailable(PoolError):
 
 class EngineFailure(PoolError):
     status, type, code = 500, "server_error", "engine_error"
+
+
+class ServerNotReady(ServiceUnavailable):
+    """The runtime could not start (its database, say); every route says so until it can."""
+    code = "server_not_ready"

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from .conf import get_settings
 from .engine_pool import EnginePool
+from .errors import ServerNotReady
 from .memory import make_probe
 
 log = logging.getLogger(__name__)
+
+# A runtime that failed to start is tried again by a request at most this often.
+START_RETRY_SECONDS = 5.0
 
 # Pool changes that can move memory or the TTL clock: the enforcer looks at once.
 WAKES_ENFORCER = ("request_start", "request_end", "load_start", "load_end", "unload", "settings")
@@ -38,6 +43,8 @@ class Runtime:
         self.broadcaster = Broadcaster(self)
         self.pool.listeners.append(self._on_pool_change)
         self.started = False
+        self.failure: str | None = None     # why the last start failed; /health shows it
+        self._failed_at = 0.0
         self._start_lock: asyncio.Lock | None = None
 
     def _on_pool_change(self, why: str, subject=None) -> None:
@@ -51,21 +58,34 @@ class Runtime:
         return build(self.pool, self.probe.read(), self.enforcer.state())
 
     async def start(self) -> None:
-        from .services import load_all_settings, recent_events
-
+        """Start once. A failure is kept (and logged once, with its traceback) instead of raised:
+        requests then get a 503 naming it, and a later request tries again."""
         if self._start_lock is None:
             self._start_lock = asyncio.Lock()
         async with self._start_lock:
-            if self.started:
+            if self.started or (self.failure and time.monotonic() - self._failed_at < START_RETRY_SECONDS):
                 return
-            self.pool.rediscover()
-            await load_all_settings(self.pool)
-            self.pool.recent_events.extend(reversed(await recent_events(limit=50)))
-            self.enforcer.start()
-            await self.pool.preload_pinned()
-            self.started = True
-            log.info("pool ready: %d models in %s", len(self.pool.entries),
-                     ", ".join(str(d) for d in self.settings.model_dirs))
+            try:
+                await self._start()
+            except Exception as e:  # noqa: BLE001 - reported by every route as a 503, not a 500
+                failure = f"{type(e).__name__}: {e}"
+                if failure != self.failure:
+                    log.exception("the server could not start: %s", failure)
+                self.failure, self._failed_at = failure, time.monotonic()
+            else:
+                self.failure = None
+
+    async def _start(self) -> None:
+        from .services import load_all_settings, recent_events
+
+        self.pool.rediscover()
+        await load_all_settings(self.pool)
+        self.pool.recent_events.extend(reversed(await recent_events(limit=50)))
+        self.enforcer.start()
+        await self.pool.preload_pinned()
+        self.started = True
+        log.info("pool ready: %d models in %s", len(self.pool.entries),
+                 ", ".join(str(d) for d in self.settings.model_dirs))
 
     async def stop(self) -> None:
         log.info("stopping: ending engine threads")
@@ -93,6 +113,8 @@ async def ensure_started() -> Runtime:
     runtime = get_runtime()
     if not runtime.started:
         await runtime.start()
+        if not runtime.started:
+            raise ServerNotReady(f"The server could not start: {runtime.failure}")
     return runtime
 
 

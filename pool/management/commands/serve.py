@@ -1,6 +1,7 @@
 """`python manage.py serve [--host H] [--port P]`: Daphne serving omlx_site.asgi:application.
 
-The pool, the enforcer and pinned-model preloads start as soon as the server is ready, and stop
+The database is brought up to date first (a new OMLX_HOME needs no separate migrate), or the
+command exits non-zero with the reason in one line. The pool, the enforcer and pinned-model preloads start as soon as the server is ready, and stop
 cleanly (engine threads ended, models released) before the reactor shuts down."""
 
 import asyncio
@@ -8,7 +9,7 @@ import logging
 import os
 import sys
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from pool.conf import get_settings
 
@@ -26,6 +27,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, host, port, **options):
         self._adopt_host(host)
+        self._prepare_database()
         from daphne.endpoints import build_endpoint_description_strings
         from daphne.server import Server
         from twisted.internet import defer, reactor
@@ -49,6 +51,19 @@ class Command(BaseCommand):
         Server(application=application, endpoints=build_endpoint_description_strings(host=host, port=port), ready_callable=ready,
                application_close_timeout=5, websocket_handshake_timeout=5, verbosity=0).run()
         sys.stdout.flush()
+
+    def _prepare_database(self) -> None:
+        from django.db import connection
+
+        from pool.database import DatabaseNotReady, ensure_schema
+
+        try:
+            applied = ensure_schema()
+        except DatabaseNotReady as e:
+            raise CommandError(str(e)) from None
+        if applied:
+            self.stdout.write(f"database {connection.settings_dict['NAME']}: applied {applied} migration"
+                              f"{'s' if applied > 1 else ''}")
 
     @staticmethod
     def _adopt_host(host: str) -> None:

@@ -1,0 +1,36 @@
+"""The server owns its database: `serve` brings the schema up to date before it listens.
+
+A new OMLX_HOME gets its tables here (no separate `migrate` step), and a database that cannot be
+brought up to date (a read-only folder, a schema written by a newer omlx-site) stops the server
+with one line that says why, instead of a server that answers 500 on every route."""
+
+from __future__ import annotations
+
+from django.core.management import call_command
+from django.db import DatabaseError, connection
+from django.db.migrations.executor import MigrationExecutor
+
+
+class DatabaseNotReady(RuntimeError):
+    """The schema cannot be brought up to date; the message is one line for the operator."""
+
+
+def ensure_schema() -> int:
+    """Apply pending migrations; returns how many were applied (0 when up to date)."""
+    path = connection.settings_dict["NAME"]
+    try:
+        executor = MigrationExecutor(connection)
+        loader = executor.loader
+        unknown = sorted(f"{app}.{name}" for app, name in loader.applied_migrations
+                         if (app, name) not in loader.graph.nodes and app in loader.migrated_apps)
+        if unknown:
+            raise DatabaseNotReady(f"the database {path} has migrations this code does not know "
+                                   f"({', '.join(unknown)}): it was written by a newer omlx-site")
+        pending = executor.migration_plan(loader.graph.leaf_nodes())
+        if pending:
+            call_command("migrate", interactive=False, verbosity=0)
+        return len(pending)
+    except DatabaseError as e:
+        raise DatabaseNotReady(f"cannot prepare the database {path}: {e}") from None
+    finally:
+        connection.close()  # the event loop's thread opens its own
