@@ -48,12 +48,13 @@ async def one_run(pool, enforcer, probe, lines, target: str) -> float | None:
 
 
 async def measure(args, *, wake: bool) -> list[float]:
-    from pool import policy
+    from pool.admission import Admission
     from pool.conf import Settings, get_settings
     from pool.engine_pool import EnginePool
     from pool.enforcer import ProcessMemoryEnforcer
     from pool.engines.native import reclaim_cache
     from pool.memory import RealProbe
+    from pool.policy.pressure import pressure_lines
     from pool.runtime import WAKES_ENFORCER
 
     folders = [fixture(f"bench-{n}", args.size_mb, seed=i) for i, n in enumerate("xyz")]
@@ -76,22 +77,21 @@ async def measure(args, *, wake: bool) -> list[float]:
             two = probe.read().usage
             ceiling = int((two + args.margin_mb * MB) / 0.90)
             conf.values["memory_ceiling"] = ceiling
-            lines = policy.pressure_lines(ceiling)
-            enforcer = ProcessMemoryEnforcer(pool, probe, conf)
+            lines = pressure_lines(ceiling)
+            enforcer = ProcessMemoryEnforcer(pool, probe, Admission(conf, probe))
             if not wake:
-                enforcer.wake = lambda **kw: None
+                enforcer.wake = lambda: None
                 enforcer._next_interval = lambda: 1.0
-            listener = lambda why, subject=None: why in WAKES_ENFORCER and enforcer.wake(
-                active=why in ("request_start", "load_start"))
-            pool.listeners.append(listener)
+            listener = lambda change: change.kind in WAKES_ENFORCER and enforcer.wake()
+            pool.events.subscribe(listener)
             enforcer.start()
             await asyncio.sleep(0.2)
-            before = len(pool.recent_events)
+            before = len(pool.events.recent)
             results.append(await one_run(pool, enforcer, probe, lines, names[2]))
             await asyncio.sleep(0.5)  # let the eviction's release finish and be recorded
-            actions.extend(e["reason"] for e in list(pool.recent_events)[before:])
+            actions.extend(e["reason"] for e in list(pool.events.recent)[before:])
             await enforcer.stop()
-            pool.listeners.remove(listener)
+            pool.events.listeners.remove(listener)
             conf.values["memory_ceiling"] = "off"
             for name in names:
                 await pool.unload(name, force=True)

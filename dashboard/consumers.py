@@ -87,11 +87,13 @@ class PoolConsumer(AsyncJsonWebsocketConsumer):
         pool = runtime.pool
         model_id = pool.resolve(model).id
         if action in ("pin", "unpin"):
-            await services.update_model_settings(pool, model_id, {"is_pinned": action == "pin"})
+            await services.update_model_settings(pool=pool, model_id=model_id,
+                                                changes={"is_pinned": action == "pin"})
         elif action == "set_ttl":
             if "ttl_seconds" not in message:
                 raise BadRequest("'set_ttl' needs 'ttl_seconds': seconds, or null for the global default")
-            await services.update_model_settings(pool, model_id, {"ttl_seconds": message["ttl_seconds"]})
+            await services.update_model_settings(pool=pool, model_id=model_id,
+                                                changes={"ttl_seconds": message["ttl_seconds"]})
         elif action == "load":
             await self.settle(pool.load(model_id), action)
         else:

@@ -4,18 +4,17 @@ from asgiref.sync import async_to_sync
 from django.contrib import admin
 
 from .models import EvictionEvent, ModelSettings
-from .services import settings_dict
+from .services import SETTINGS_FIELDS, write_model_settings
 
 
-def _apply_to_running_pool(row: ModelSettings) -> None:
+def _apply_to_running_pool(model_id: str, values: dict) -> None:
     from .runtime import _runtime
 
     if _runtime is None:
         return
-    values = settings_dict(row, row.model_id)
 
     async def apply():
-        _runtime.pool.apply_settings(row.model_id, values)
+        _runtime.pool.apply_settings(model_id, values)
     async_to_sync(apply)()
 
 
@@ -27,16 +26,22 @@ class ModelSettingsAdmin(admin.ModelAdmin):
     list_editable = ("is_pinned", "ttl_seconds")
     search_fields = ("model_id", "alias", "display_name")
 
+    def get_readonly_fields(self, request, obj=None):
+        return ("model_id",) if obj is not None else ()   # a row is a model's; it does not move
+
     def save_model(self, request, obj, form, change):
-        super().save_model(request, obj, form, change)
-        _apply_to_running_pool(obj)
+        # The form has validated; the write goes through the one write path all the same.
+        changes = {name: getattr(obj, name) for name in SETTINGS_FIELDS}
+        values = write_model_settings(model_id=obj.model_id, changes=changes)
+        obj.pk = ModelSettings.objects.get(model_id=obj.model_id).pk
+        _apply_to_running_pool(obj.model_id, values)
 
 
 @admin.register(EvictionEvent)
 class EvictionEventAdmin(admin.ModelAdmin):
-    list_display = ("created_at", "model_id", "reason", "estimated_bytes", "freed_bytes", "bytes_before",
+    list_display = ("created_at", "model_id", "action", "reason", "estimated_bytes", "freed_bytes", "bytes_before",
                     "bytes_after", "requested_by", "duration_ms", "warning")
-    list_filter = ("reason", "model_id", "warning", ("created_at", admin.DateFieldListFilter))
+    list_filter = ("action", "reason", "model_id", "warning", ("created_at", admin.DateFieldListFilter))
     search_fields = ("model_id", "requested_by", "detail")
     date_hierarchy = "created_at"
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import psutil
 
+from .policy.pressure import Lines, auto_ceiling, pressure_lines
+
 
 @dataclass(frozen=True)
 class MemoryReading:
@@ -133,3 +135,15 @@ def make_probe(settings) -> RealProbe | FakeProbe:
     if settings.memory_probe == "fake":
         return FakeProbe(Path(os.fspath(settings.home)) / "fake_probe.json")
     return RealProbe()
+
+
+def memory_lines(settings, reading: MemoryReading) -> Lines | None:
+    """The enforcer's ceiling and its soft and hard lines for this reading; None when it is off."""
+    value = settings.memory_ceiling
+    if value == "off":
+        return None
+    if value == "auto":
+        ceiling = auto_ceiling(reading.capacity, settings.memory_guard, reading.device_limit)
+    else:
+        ceiling = int(value)
+    return pressure_lines(ceiling, settings.soft_fraction, settings.hard_fraction)

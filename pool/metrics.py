@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from .policy import LEVELS
+from .events import PoolChange
+from .policy.vocabulary import ActionKind, Change, Level, ModelState
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
@@ -59,14 +60,12 @@ class Metrics:
         if eviction:
             self.evictions.labels(reason=reason).inc()
 
-    def on_pool_change(self, why: str, subject: Any = None) -> None:
-        """A pool listener: `subject` is the model a request started on, or the event just recorded."""
-        if why == "request_start":
-            self.request_started(subject)
-        elif why == "event":
-            # unloads, and only they, measure what they freed; cache reclaims name no model
-            unloaded = bool(subject.get("model")) and subject.get("freed_bytes") is not None
-            self.record_event(subject.get("reason") or "unknown", eviction=unloaded)
+    def on_pool_change(self, change: PoolChange) -> None:
+        if change.kind == Change.REQUEST_START:
+            self.request_started(change.model)
+        elif change.kind == Change.EVENT:
+            event = change.event
+            self.record_event(event["reason"], eviction=event["action"] == ActionKind.UNLOAD)
 
     # ---- scraping ----------------------------------------------------------------------------
 
@@ -88,18 +87,18 @@ class _SnapshotCollector:
                 gauge.add_metric([], memory[key])
             yield gauge
 
-        level = memory.get("level", "ok")
+        level = Level(memory.get("level", Level.OK))
         yield GaugeMetricFamily("memory_pressure_level", "Pressure level: 0 ok, 1 soft, 2 hard, 3 emergency.",
-                                value=LEVELS.index(level))
+                                value=level.rank)
         by_level = GaugeMetricFamily("memory_pressure", "1 for the current pressure level.", labels=["level"])
-        for name in LEVELS:
+        for name in Level:
             by_level.add_metric([name], int(name == level))
         yield by_level
         yield GaugeMetricFamily("admission_paused", "1 while admission is paused by memory pressure.",
                                 value=int(bool(memory.get("admission_paused"))))
 
         models = snap["models"]
-        yield GaugeMetricFamily("loaded_models", "Models loaded.", value=sum(m["state"] == "loaded" for m in models))
+        yield GaugeMetricFamily("loaded_models", "Models loaded.", value=sum(m["state"] == ModelState.LOADED for m in models))
         states = GaugeMetricFamily("model_state", "1 for each model's current state.", labels=["model", "state"])
         active = GaugeMetricFamily("active_requests", "Requests in flight, by model.", labels=["model"])
         footprint = GaugeMetricFamily("model_measured_bytes", "Memory a model took when it loaded.",

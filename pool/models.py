@@ -1,17 +1,42 @@
-"""What the pool persists: per-model settings (pins, TTL, defaults, alias) and the event history."""
+"""What the pool persists: per-model settings (pins, TTL, defaults, alias) and the event history.
+
+The range rules of a setting live on its field, and `ModelSettings.clean()` checks what needs
+other rows or the model folders; pool.services.write_model_settings runs both for every writer."""
 
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+
+from .policy.vocabulary import ActionKind, Reason
+
+# SQLite stores 64-bit integers; a bound well inside keeps every writer's value storable.
+MAX_SECONDS = 10 * 365 * 86400
+MAX_TOKENS = 2**31 - 1
+
+
+def _choices(vocabulary) -> list[tuple[str, str]]:
+    return [(member.value, member.value) for member in vocabulary]
+
+
+def _positive_top_p(value: float) -> None:
+    if not value > 0:
+        raise ValidationError("must be in (0, 1]")
+
+
+def _between(low, high, message: str) -> list:
+    return [MinValueValidator(low, message=message), MaxValueValidator(high, message=message)]
 
 
 class ModelSettings(models.Model):
     model_id = models.CharField(max_length=255, unique=True)
     is_pinned = models.BooleanField(default=False, help_text="Never evicted; loaded at start-up.")
-    ttl_seconds = models.PositiveIntegerField(null=True, blank=True,
-                                              help_text="Unload after this many idle seconds; empty = global OMLX_IDLE_TTL.")
-    temperature = models.FloatField(null=True, blank=True)
-    top_p = models.FloatField(null=True, blank=True)
-    max_tokens = models.PositiveIntegerField(null=True, blank=True)
+    ttl_seconds = models.PositiveIntegerField(
+        null=True, blank=True, validators=_between(0, MAX_SECONDS, f"must be at most {MAX_SECONDS} (ten years)"),
+        help_text="Unload after this many idle seconds; empty = global OMLX_IDLE_TTL.")
+    temperature = models.FloatField(null=True, blank=True, validators=_between(0, 2, "must be between 0 and 2"))
+    top_p = models.FloatField(null=True, blank=True, validators=[_positive_top_p, MaxValueValidator(1, message="must be in (0, 1]")])
+    max_tokens = models.PositiveIntegerField(null=True, blank=True,
+                                             validators=_between(1, MAX_TOKENS, f"must be between 1 and {MAX_TOKENS}"))
     alias = models.CharField(max_length=255, unique=True, null=True, blank=True,
                              help_text="Another name clients may use for this model.")
     is_hidden = models.BooleanField(default=False, help_text="Left out of /v1/models.")
@@ -30,28 +55,22 @@ class ModelSettings(models.Model):
     def clean(self):
         if self.alias == "":
             self.alias = None
-        if self.temperature is not None and not 0 <= self.temperature <= 2:
-            raise ValidationError({"temperature": "must be between 0 and 2"})
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValidationError({"top_p": "must be in (0, 1]"})
+        if self.alias and self.alias != self.model_id and self.alias in self._other_model_ids():
+            raise ValidationError({"alias": f"'{self.alias}' is the id of another model"})
+
+    def _other_model_ids(self) -> set[str]:
+        from .conf import get_settings
+        from .discovery import discover
+
+        rows = ModelSettings.objects.exclude(pk=self.pk).values_list("model_id", flat=True)
+        return (set(discover(get_settings().model_dirs)) | set(rows)) - {self.model_id}
 
 
 class EvictionEvent(models.Model):
-    class Reason(models.TextChoices):
-        LRU = "lru"
-        COUNT_CAP = "count_cap"
-        TTL = "ttl"
-        KEEP_ALIVE = "keep_alive"
-        MANUAL = "manual"
-        PRESSURE_SOFT = "pressure_soft"
-        PRESSURE_HARD = "pressure_hard"
-        EMERGENCY = "emergency"
-        CACHE_RECLAIM = "cache_reclaim"
-        LOAD_ABORTED = "load_aborted"
-        REQUESTS_ABORTED = "requests_aborted"
-
     model_id = models.CharField(max_length=255, blank=True, db_index=True)
-    reason = models.CharField(max_length=32, choices=Reason.choices, db_index=True)
+    action = models.CharField(max_length=32, choices=_choices(ActionKind), default=ActionKind.UNLOAD.value,
+                              db_index=True, help_text="What happened: an unload, a cache reclaim or an abort.")
+    reason = models.CharField(max_length=32, choices=_choices(Reason), db_index=True)
     estimated_bytes = models.BigIntegerField(default=0)
     freed_bytes = models.BigIntegerField(null=True, blank=True, help_text="MLX active memory released, as measured.")
     rss_freed_bytes = models.BigIntegerField(null=True, blank=True)
@@ -72,7 +91,7 @@ class EvictionEvent(models.Model):
 
     def as_dict(self) -> dict:
         return {
-            "id": self.id, "model": self.model_id, "reason": self.reason,
+            "id": self.id, "model": self.model_id, "action": self.action, "reason": self.reason,
             "estimated_bytes": self.estimated_bytes, "freed_bytes": self.freed_bytes,
             "rss_freed_bytes": self.rss_freed_bytes, "bytes_before": self.bytes_before,
             "bytes_after": self.bytes_after, "requested_by": self.requested_by or None,

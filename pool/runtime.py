@@ -10,17 +10,23 @@ import logging
 import time
 
 from .conf import get_settings
+from .admission import Admission
 from .engine_pool import EnginePool
 from .errors import ServerNotReady
+from .events import EventLog, PoolChange
 from .memory import make_probe
+from .policy.vocabulary import Change
+from .serving import Serving
 
 log = logging.getLogger(__name__)
 
 # A runtime that failed to start is tried again by a request at most this often.
 START_RETRY_SECONDS = 5.0
 
-# Pool changes that can move memory or the TTL clock: the enforcer looks at once.
-WAKES_ENFORCER = ("request_start", "request_end", "load_start", "load_end", "unload", "settings")
+# Pool changes that can move memory or the TTL clock: the enforcer looks at once. Not its own
+# ticks and events: its output must not wake it again.
+WAKES_ENFORCER = frozenset({Change.REQUEST_START, Change.REQUEST_END, Change.LOAD_START, Change.LOAD_END,
+                            Change.UNLOAD, Change.SETTINGS})
 
 
 class Runtime:
@@ -33,24 +39,25 @@ class Runtime:
 
         self.settings = get_settings()
         self.probe = make_probe(self.settings)
-        self.pool = EnginePool(self.settings, self.probe, recorder=record_event)
+        self.events = EventLog(recorder=record_event)
+        self.pool = EnginePool(self.settings, self.probe, events=self.events)
+        self.metrics = Metrics(self.pool, snapshot=self.snapshot)
+        self.admission = Admission(self.settings, self.probe, on_reject=self.metrics.admission_rejected)
+        self.serving = Serving(self.pool, self.admission)
         self.telemetry = Telemetry(self.settings.home / "telemetry.sqlite3",
                                    retention_days=self.settings.telemetry_days)
-        self.metrics = Metrics(self.pool, snapshot=self.snapshot)
-        self.pool.listeners.append(self.metrics.on_pool_change)
-        self.enforcer = ProcessMemoryEnforcer(self.pool, self.probe, self.settings, telemetry=self.telemetry,
-                                              metrics=self.metrics)
+        self.enforcer = ProcessMemoryEnforcer(self.pool, self.probe, self.admission, telemetry=self.telemetry)
         self.broadcaster = Broadcaster(self)
-        self.pool.listeners.append(self._on_pool_change)
+        self.events.subscribe(self.metrics.on_pool_change)
+        self.events.subscribe(self._on_pool_change)
         self.started = False
         self.failure: str | None = None     # why the last start failed; /health shows it
         self._failed_at = 0.0
         self._start_lock: asyncio.Lock | None = None
 
-    def _on_pool_change(self, why: str, subject=None) -> None:
-        # Not on "tick" or "event": the enforcer's own output must not wake it again.
-        if why in WAKES_ENFORCER:
-            self.enforcer.wake(active=why in ("request_start", "load_start"))
+    def _on_pool_change(self, change: PoolChange) -> None:
+        if change.kind in WAKES_ENFORCER:
+            self.enforcer.wake()
         self.broadcaster.schedule()
 
     def snapshot(self) -> dict:
@@ -80,7 +87,7 @@ class Runtime:
 
         self.pool.rediscover()
         await load_all_settings(self.pool)
-        self.pool.recent_events.extend(reversed(await recent_events(limit=50)))
+        self.events.remember(list(reversed(await recent_events(limit=50))))
         self.enforcer.start()
         await self.pool.preload_pinned()
         self.started = True

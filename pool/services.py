@@ -1,12 +1,17 @@
-"""Service functions shared by the JSON API, the admin and the dashboard's websocket, so that all
-three change the pool and the database the same way."""
+"""Service functions shared by the JSON API, the admin, the websocket and the commands, so that all
+of them change the pool and the database the same way.
+
+Model settings have one write path: `write_model_settings` (the database; validated with the
+model's field rules and `clean()`), and `update_model_settings` for a running pool (the same write,
+then applied at once)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import IntegrityError, transaction
+from django.core.exceptions import ValidationError
+from django.db import transaction
 
 from .errors import BadRequest
 from .models import EvictionEvent, ModelSettings
@@ -17,18 +22,21 @@ SETTINGS_FIELDS = {
 }
 # oMLX's model_settings.json names for the same fields
 OMLX_NAMES = {"model_alias": "alias"}
+_TEXT = ("display_name", "notes")   # never null: empty means unset
 
 
 def settings_dict(row: ModelSettings | None, model_id: str) -> dict[str, Any]:
     values = {name: getattr(row, name) if row else None for name in SETTINGS_FIELDS}
-    values["is_pinned"] = bool(values["is_pinned"])
-    values["is_hidden"] = bool(values["is_hidden"])
-    values["display_name"] = values["display_name"] or ""
-    values["notes"] = values["notes"] or ""
+    for flag in ("is_pinned", "is_hidden"):
+        values[flag] = bool(values[flag])
+    for name in _TEXT:
+        values[name] = values[name] or ""
     return {"model_id": model_id, **values}
 
 
-def validate_settings(body: dict[str, Any]) -> dict[str, Any]:
+def coerce_settings(body: Any) -> dict[str, Any]:
+    """A JSON object of settings -> field values, checking JSON types only (the ranges are the
+    model's). Unknown keys and oMLX's names are handled here."""
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     clean = {}
@@ -39,8 +47,8 @@ def validate_settings(body: dict[str, Any]) -> dict[str, Any]:
         kind = SETTINGS_FIELDS.get(name)
         if kind is None:
             raise BadRequest(f"unknown setting '{key}'; known: {', '.join(SETTINGS_FIELDS)}", param=key)
-        if value is None and name not in ("is_pinned", "is_hidden"):
-            clean[name] = "" if kind is str and name in ("display_name", "notes") else None
+        if value is None and kind is not bool:
+            clean[name] = "" if name in _TEXT else None
             continue
         if kind is bool and not isinstance(value, bool):
             raise BadRequest(f"'{key}' must be true or false", param=key)
@@ -51,41 +59,44 @@ def validate_settings(body: dict[str, Any]) -> dict[str, Any]:
         if kind is str and not isinstance(value, str):
             raise BadRequest(f"'{key}' must be a string", param=key)
         clean[name] = value
-    if clean.get("temperature") is not None and not 0 <= clean["temperature"] <= 2:
-        raise BadRequest("'temperature' must be between 0 and 2", param="temperature")
-    if clean.get("top_p") is not None and not 0 < clean["top_p"] <= 1:
-        raise BadRequest("'top_p' must be in (0, 1]", param="top_p")
     if clean.get("alias") == "":
         clean["alias"] = None
     return clean
 
 
-def _save_settings(model_id: str, changes: dict[str, Any]) -> dict[str, Any]:
+def invalid_settings(error: ValidationError) -> BadRequest:
+    """The model's validation error as the API's: "'top_p' must be in (0, 1]", naming the field."""
+    field, messages = next(iter(error.message_dict.items()))
+    text = " ".join(m.rstrip(".") for m in messages)
+    if field == "__all__":
+        return BadRequest(text)
+    return BadRequest(f"'{field}' {text}", param=field)
+
+
+def write_model_settings(*, model_id: str, changes: dict[str, Any]) -> dict[str, Any]:
+    """Apply a partial change to the model's row (created if missing) after the model's own
+    validation; a ValidationError becomes a BadRequest naming the field. Returns the settings."""
     with transaction.atomic():
-        row, _ = ModelSettings.objects.get_or_create(model_id=model_id)
+        row = ModelSettings.objects.filter(model_id=model_id).first() or ModelSettings(model_id=model_id)
         for name, value in changes.items():
             setattr(row, name, value)
         try:
-            row.save()
-        except IntegrityError:
-            raise BadRequest(f"the alias '{changes.get('alias')}' is already used by another model",
-                             param="alias") from None
+            row.full_clean()
+        except ValidationError as e:
+            raise invalid_settings(e) from None
+        row.save()
     return settings_dict(row, model_id)
 
 
-async def update_model_settings(pool, model_id: str, changes: dict[str, Any]) -> dict[str, Any]:
-    """Persist a partial change and apply it to the running pool at once."""
+async def update_model_settings(*, pool, model_id: str, changes: dict[str, Any]) -> dict[str, Any]:
+    """Persist a partial change (a JSON body) and apply it to the running pool at once."""
     entry = pool.resolve(model_id)
-    clean = validate_settings(changes)
-    alias = clean.get("alias")
-    if alias and alias != entry.alias and alias in pool.entries and alias != entry.id:
-        raise BadRequest(f"the alias '{alias}' is the id of another model", param="alias")
-    values = await sync_to_async(_save_settings)(entry.id, clean)
+    values = await sync_to_async(write_model_settings)(model_id=entry.id, changes=coerce_settings(changes))
     pool.apply_settings(entry.id, values)
     return values
 
 
-async def get_model_settings(pool, model_id: str) -> dict[str, Any]:
+async def get_model_settings(*, pool, model_id: str) -> dict[str, Any]:
     entry = pool.resolve(model_id)
     row = await ModelSettings.objects.filter(model_id=entry.id).afirst()
     return settings_dict(row, entry.id)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import policy
+from .policy.admission import ModelView, lru_ranks
+from .policy.idle import ttl_remaining
+from .policy.vocabulary import ModelState
 
 
-def model_row(entry, view: policy.ModelView, rank: int | None, now: float) -> dict[str, Any]:
-    loaded = entry.state == "loaded"
+def model_row(entry, view: ModelView, rank: int | None, now: float) -> dict[str, Any]:
+    loaded = entry.state == ModelState.LOADED
     return {
         "id": entry.id,
         "alias": entry.alias,
@@ -22,7 +24,7 @@ def model_row(entry, view: policy.ModelView, rank: int | None, now: float) -> di
         "last_access": entry.last_access or None,
         "idle_seconds": round(now - entry.idle_since, 1) if loaded and not entry.leases else None,
         "ttl_seconds": view.ttl_seconds,
-        "ttl_remaining_seconds": _rounded(policy.ttl_remaining(view, now)),
+        "ttl_remaining_seconds": _rounded(ttl_remaining(view, now)),
         "keep_alive": entry.keep_alive,
         "lru_rank": rank,
         "loading_seconds": round(now - entry.load_started_at, 1) if entry.load_started_at else None,
@@ -40,11 +42,11 @@ def _rounded(value: float | None) -> float | None:
 def build(pool, reading, enforcer_state: dict[str, Any] | None = None) -> dict[str, Any]:
     now = pool.clock()
     views = {v.id: v for v in pool.views()}
-    ranks = policy.lru_ranks(list(views.values()))
+    ranks = lru_ranks(list(views.values()))
     order = sorted(pool.entries.values(),
-                   key=lambda e: (ranks.get(e.id, len(ranks)), e.state != "loaded", -e.last_access, e.id))
+                   key=lambda e: (ranks.get(e.id, len(ranks)), e.state != ModelState.LOADED, -e.last_access, e.id))
     models = [model_row(e, views[e.id], ranks.get(e.id), now) for e in order]
-    resident = [v for v in views.values() if v.state in ("loaded", "loading")]
+    resident = [v for v in views.values() if v.resident]
     memory = {
         "model_budget_bytes": pool.budget(reading),
         "model_bytes": sum(v.footprint for v in resident),
@@ -60,4 +62,4 @@ def build(pool, reading, enforcer_state: dict[str, Any] | None = None) -> dict[s
     memory.update(enforcer_state or {})
     return {"type": "snapshot", "time": now, "models": models, "memory": memory,
             "max_loaded_models": pool.conf.max_loaded_models or None,
-            "events": list(reversed(pool.recent_events))}
+            "events": list(reversed(pool.events.recent))}

@@ -83,6 +83,8 @@ class Server:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60) -> "Server":
+        if getattr(self, "log", None) is not None:
+            self.log.close()   # a restart after a kill -9
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(self.port)], cwd=ROOT,
                                      env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
@@ -100,15 +102,19 @@ class Server:
         raise RuntimeError(f"server did not come up:\n{self.log_text()}")
 
     def stop(self, sig=signal.SIGTERM, timeout: float = 30) -> int:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else 0
-        self.proc.send_signal(sig)
         try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-            raise AssertionError(f"server did not stop on {sig!r}:\n{self.log_text()[-3000:]}")
+            if self.proc is None or self.proc.poll() is not None:
+                return self.proc.returncode if self.proc else 0
+            self.proc.send_signal(sig)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+                raise AssertionError(f"server did not stop on {sig!r}:\n{self.log_text()[-3000:]}")
+        finally:
+            if getattr(self, "log", None) is not None:
+                self.log.close()
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
-from contextlib import AsyncExitStack
 
 from django.http import JsonResponse, StreamingHttpResponse
 
-from ..engines.engine import EngineError, RequestAborted, SamplingParams
-from ..errors import BadRequest, EngineFailure, ServiceUnavailable
+from ..errors import PoolError
 from ..runtime import get_runtime
+from ..serving import Completion
 from .auth import require_key
 from .errors import sse_error
-from .parse import CompletionRequest, json_body, parse_completion
+from .parse import json_body, parse_completion
 from .route import api_route
-
-DEFAULT_MAX_TOKENS = 512
 
 
 def _model_object(entry) -> dict:
@@ -49,50 +45,21 @@ async def completions(request):
     return await _complete(request, chat=False)
 
 
-def _sampling(req: CompletionRequest, defaults: dict) -> SamplingParams:
-    def pick(value, name, fallback):
-        return value if value is not None else (defaults.get(name) if defaults.get(name) is not None else fallback)
-    return SamplingParams(max_tokens=int(pick(req.max_tokens, "max_tokens", DEFAULT_MAX_TOKENS)),
-                          temperature=float(pick(req.temperature, "temperature", 0.0)),
-                          top_p=float(pick(req.top_p, "top_p", 1.0)), stop=req.stop, seed=req.seed)
-
-
-async def _encode(engine, req: CompletionRequest) -> list[int]:
-    try:
-        if req.messages is not None:
-            return await asyncio.to_thread(engine.encode_chat, req.messages)
-        return await asyncio.to_thread(engine.encode_text, req.prompt)
-    except Exception as e:  # noqa: BLE001 - a template that rejects the conversation is the client's to fix
-        raise BadRequest(f"The model's chat template rejected the messages: {e}",
-                         param="messages" if req.messages is not None else "prompt") from None
-
-
-def _aborted(e: RequestAborted) -> ServiceUnavailable:
-    return ServiceUnavailable(f"The request was aborted: {e}", code=getattr(e, "code", "request_aborted"))
-
-
 async def _complete(request, *, chat: bool):
-    runtime = get_runtime()
     req = parse_completion(json_body(request), chat=chat)
-    entry = runtime.pool.resolve(req.model)
-    await runtime.enforcer.admit()
-    stack = AsyncExitStack()
+    completion = await get_runtime().serving.open_completion(req.spec)
+    shape = _Shape(chat=chat, model=completion.model_id)
+    if not req.stream:
+        async with completion:
+            return JsonResponse(await _collect(completion, shape))
+    events = _stream(completion, shape, req.include_usage)
     try:
-        engine = await stack.enter_async_context(runtime.pool.lease(entry.id, keep_alive=req.keep_alive))
-        tokens = await _encode(engine, req)
-        runtime.enforcer.check_prefill(entry, engine, len(tokens), param="messages" if chat else "prompt")
-        params = _sampling(req, entry.settings)
-        shape = _Shape(chat=chat, model=entry.id)
-        if req.stream:
-            events = _stream(engine, tokens, params, shape, req.include_usage, stack)
-            first = await events.__anext__()  # started, so a dropped response still releases the lease
-            return StreamingHttpResponse(_prepend(first, events), content_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        async with stack:
-            return JsonResponse(await _collect(engine, tokens, params, shape))
+        first = await events.__anext__()  # inside its `async with`: a dropped response still releases the lease
     except BaseException:
-        await stack.aclose()
+        await completion.aclose()
         raise
+    return StreamingHttpResponse(_prepend(first, events), content_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 class _Shape:
@@ -132,16 +99,11 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-async def _collect(engine, tokens, params, shape: _Shape) -> dict:
+async def _collect(completion: Completion, shape: _Shape) -> dict:
     parts, last = [], None
-    try:
-        async for chunk in engine.generate(tokens, params):
-            parts.append(chunk.text)
-            last = chunk
-    except RequestAborted as e:
-        raise _aborted(e) from None
-    except EngineError as e:
-        raise EngineFailure(f"The engine failed: {e}") from None
+    async for chunk in completion.chunks():
+        parts.append(chunk.text)
+        last = chunk
     return shape.body("".join(parts), last.finish_reason, _usage(last.prompt_tokens, last.completion_tokens))
 
 
@@ -149,24 +111,22 @@ def _sse(obj) -> bytes:
     return f"data: {json.dumps(obj)}\n\n".encode()
 
 
-async def _stream(engine, tokens, params, shape: _Shape, include_usage: bool, stack: AsyncExitStack):
-    async with stack:
+async def _stream(completion: Completion, shape: _Shape, include_usage: bool):
+    async with completion:
         if shape.chat:
             yield _sse(shape.chunk(None, first=True))
         else:
             yield b": stream start\n\n"
         try:
-            async for chunk in engine.generate(tokens, params):
+            async for chunk in completion.chunks():
                 if chunk.text or chunk.finish_reason is None:
                     yield _sse(shape.chunk(chunk.text))
                 if chunk.finish_reason is not None:
                     yield _sse(shape.chunk(None, chunk.finish_reason))
                     if include_usage:
                         yield _sse(shape.usage_chunk(_usage(chunk.prompt_tokens, chunk.completion_tokens)))
-        except RequestAborted as e:
-            yield sse_error(_aborted(e))
-        except EngineError as e:
-            yield sse_error(EngineFailure(f"The engine failed: {e}"))
+        except PoolError as e:
+            yield sse_error(e)
         yield b"data: [DONE]\n\n"
 
 

@@ -3,32 +3,24 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 
 from ..conf import parse_duration
 from ..errors import BadRequest
+from ..serving import CompletionSpec
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
-@dataclass
+@dataclass(frozen=True)
 class CompletionRequest:
-    model: str
-    messages: list[dict] | None = None     # chat
-    prompt: str | None = None              # completions
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
+    """What the serving door needs (`spec`), and how the route frames the answer."""
+    spec: CompletionSpec
     stream: bool = False
     include_usage: bool = False
-    keep_alive: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def json_body(request) -> dict:
@@ -149,7 +141,7 @@ def parse_completion(body: dict, *, chat: bool) -> CompletionRequest:
     max_tokens = _int(body, "max_completion_tokens", minimum=1)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", minimum=1)
-    return CompletionRequest(
+    spec = CompletionSpec(
         model=model,
         messages=_messages(body) if chat else None,
         prompt=None if chat else _prompt(body),
@@ -158,7 +150,6 @@ def parse_completion(body: dict, *, chat: bool) -> CompletionRequest:
         top_p=_number(body, "top_p", 0, 1, lo_open=True),
         stop=_stop(body),
         seed=_int(body, "seed", minimum=-(2**63)),
-        stream=stream,
-        include_usage=bool(options.get("include_usage")),
         keep_alive=_keep_alive(body),
     )
+    return CompletionRequest(spec=spec, stream=stream, include_usage=bool(options.get("include_usage")))

@@ -22,6 +22,7 @@ def _state_body(request) -> dict:
 
 @api_route("GET")
 async def health(request):
+    """200 once the runtime has started; api_route answers 503 with the reason when it cannot."""
     return JsonResponse({"status": "ok"})
 
 
@@ -54,7 +55,7 @@ async def unload_model(request, model_id: str):
 async def load_plan(request, model_id: str):
     pool = get_runtime().pool
     plan = pool.plan(model_id)
-    return JsonResponse({"model": pool.resolve(model_id).id, "fits": plan.fits, "evicts": list(plan.victims),
+    return JsonResponse({"model": pool.resolve(model_id).id, "fits": plan.fits, "evicts": list(plan.victim_ids),
                          "with_headroom": plan.with_headroom, "code": plan.code, "message": plan.message,
                          "blockers": list(plan.blockers), "needed_bytes": plan.needed_bytes,
                          "resident_bytes": plan.resident_bytes, "budget_bytes": plan.budget_bytes})
@@ -64,9 +65,9 @@ async def load_plan(request, model_id: str):
 async def model_settings(request, model_id: str):
     pool = get_runtime().pool
     if request.method == "GET":
-        return JsonResponse(await services.get_model_settings(pool, model_id))
+        return JsonResponse(await services.get_model_settings(pool=pool, model_id=model_id))
     body = _state_body(request)
-    return JsonResponse(await services.update_model_settings(pool, model_id, body))
+    return JsonResponse(await services.update_model_settings(pool=pool, model_id=model_id, changes=body))
 
 
 @api_route("GET", auth=require_key_or_staff)
@@ -87,9 +88,9 @@ async def enforcer_tick(request):
     """Run one enforcer tick now (operators: "check now"; tests: no waiting for the poll)."""
     _state_body(request)
     decision = await get_runtime().enforcer.tick()
+    runtime = get_runtime()
     actions = [{"kind": a.kind, "model": a.model, "reason": a.reason} for a in decision.actions] if decision else []
-    return JsonResponse({"level": get_runtime().enforcer.level, "actions": actions,
-                         "memory": get_runtime().snapshot()["memory"]})
+    return JsonResponse({"level": runtime.enforcer.level, "actions": actions, "memory": runtime.snapshot()["memory"]})
 
 
 @api_route("POST", auth=require_key_or_staff)

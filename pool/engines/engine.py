@@ -24,59 +24,11 @@ from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import load_model, load_tokenizer
 
 from .native import release_memory
+from .stops import find_stop, holdback
+from .types import (Chunk, EngineError, LoadAborted, LoadResult, ReleaseResult, RequestAborted,
+                    SamplingParams)
 
 log = logging.getLogger(__name__)
-
-
-class EngineError(RuntimeError):
-    """The engine failed while serving a request (reported as a 500 without a traceback)."""
-
-
-class RequestAborted(RuntimeError):
-    """The request was ended from outside: an unload, or the memory enforcer."""
-
-    code = "request_aborted"
-
-
-class LoadAborted(RuntimeError):
-    pass
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """A piece of generated text; the last one of a request carries `finish_reason`."""
-    text: str
-    finish_reason: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class LoadResult:
-    measured_bytes: int
-    seconds: float
-    model_info: dict
-
-
-@dataclass(frozen=True)
-class ReleaseResult:
-    active_before: int
-    active_after: int
-    rss_before: int
-    rss_after: int
-
-    @property
-    def freed_bytes(self) -> int:
-        return max(0, self.active_before - self.active_after)
 
 
 @dataclass
@@ -187,13 +139,8 @@ class Engine:
         return await self._send("call", fn=fn)
 
     def abort_all(self, message: str, code: str = "request_aborted") -> None:
-        """End every running request with `RequestAborted(message)`; the model stays loaded."""
-        error = RequestAborted(message)
-        error.code = code
-        self.abort_all_with(error)
-
-    def abort_all_with(self, error: RequestAborted) -> None:
-        self._commands.put(_Command("abort_all", error=error))
+        """End every running request with `RequestAborted(message, code)`; the model stays loaded."""
+        self._commands.put(_Command("abort_all", error=RequestAborted(message, code)))
 
     async def _send(self, kind: str, **kw) -> Any:
         loop = asyncio.get_running_loop()
@@ -359,11 +306,11 @@ class Engine:
         if finish_reason is not None:
             detok.finalize()
         req.text += detok.last_segment
-        stop_at = _find_stop(req.text, req.params.stop)
+        stop_at = find_stop(req.text, req.params.stop)
         if stop_at is not None:
             req.text, finish_reason = req.text[:stop_at], "stop"
         if finish_reason is None:
-            emit = req.text[: len(req.text) - _holdback(req.text, req.params.stop)]
+            emit = req.text[: len(req.text) - holdback(req.text, req.params.stop)]
             req.text = req.text[len(emit):]
             if emit:
                 req.emit(Chunk(emit))
@@ -374,9 +321,7 @@ class Engine:
 
     def _release(self, cmd: _Command) -> None:
         rss_before, active_before = _rss(), mx.get_active_memory()
-        error = RequestAborted(cmd.message or "the model was unloaded")
-        error.code = "model_unloaded"
-        self._abort_all(error)
+        self._abort_all(RequestAborted(cmd.message or "the model was unloaded", "model_unloaded"))
         mx.synchronize(generation_stream)  # mlx-lm's look-ahead step still holds arrays
         self._drop_model()
         _resolve(cmd, ReleaseResult(active_before, mx.get_active_memory(), rss_before, _rss()))
@@ -388,18 +333,3 @@ class Engine:
         self._requests.clear()
         release_memory()
 
-
-def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:
-    hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-    return min(hits) if hits else None
-
-
-def _holdback(text: str, stops: tuple[str, ...]) -> int:
-    """How many trailing characters could still start a stop string (kept until we know)."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:n]):
-                best = max(best, n)
-                break
-    return best

@@ -69,12 +69,12 @@ async def test_pin_and_unpin_persist_and_reach_every_dashboard(site):
     snap = await answer(ws, {"action": "pin", "model": SMALL})
     assert snap["type"] == "snapshot" and snap["reply_to"] == "pin"
     assert row(snap, SMALL)["pinned"] is True
-    assert (await services.get_model_settings(pool, SMALL))["is_pinned"] is True
+    assert (await services.get_model_settings(pool=pool, model_id=SMALL))["is_pinned"] is True
     await until(watcher, lambda s: row(s, SMALL)["pinned"])
 
     snap = await answer(ws, {"action": "unpin", "model": SMALL})
     assert row(snap, SMALL)["pinned"] is False
-    assert (await services.get_model_settings(pool, SMALL))["is_pinned"] is False
+    assert (await services.get_model_settings(pool=pool, model_id=SMALL))["is_pinned"] is False
     await until(watcher, lambda s: not row(s, SMALL)["pinned"])
     await ws.disconnect()
     await watcher.disconnect()
@@ -85,7 +85,7 @@ async def test_set_ttl(site):
     pool = site.runtime().pool
     snap = await answer(ws, {"action": "set_ttl", "model": SMALL, "ttl_seconds": 60})
     assert row(snap, SMALL)["ttl_seconds"] == 60
-    assert (await services.get_model_settings(pool, SMALL))["ttl_seconds"] == 60
+    assert (await services.get_model_settings(pool=pool, model_id=SMALL))["ttl_seconds"] == 60
 
     snap = await answer(ws, {"action": "set_ttl", "model": SMALL, "ttl_seconds": None})
     assert row(snap, SMALL)["ttl_seconds"] is None
@@ -123,7 +123,9 @@ async def test_unload_of_a_busy_model_needs_force(site):
         error = await answer(ws, {"action": "unload", "model": SMALL, "force": "yes"})
         assert error["type"] == "error" and "'force'" in error["message"]
         snap = await answer(ws, {"action": "unload", "model": SMALL, "force": True})
-        assert snap["type"] == "snapshot"
+        assert snap["type"] == "snapshot" and row(snap, SMALL)["state"] in ("unloading", "unloaded")
+    # an unload that takes longer than the reply's wait carries on; the broadcasts show its end
+    await until(ws, lambda s: row(s, SMALL)["state"] == "unloaded")
     assert pool.entries[SMALL].state == "unloaded"
     await ws.disconnect()
 

@@ -1,9 +1,13 @@
 """Fixtures for the model-folder tests: the converted demo model, Django, a throwaway OMLX_HOME."""
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
+from django.core.management import call_command
+
+from tests.conftest import free_port
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the Hub from a test
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -53,3 +57,46 @@ def omlx_home(tmp_path, django_ready) -> Path:
     else:
         os.environ["OMLX_HOME"] = old
     reload_settings()
+
+
+@pytest.fixture(scope="session")
+def test_db():
+    """The test process's database ($OMLX_HOME/omlx.sqlite3 of the tmp home set by tests/conftest.py)."""
+    from django.conf import settings as django_settings
+
+    path = Path(django_settings.DATABASES["default"]["NAME"]).resolve()
+    if not path.is_relative_to(Path(tempfile.gettempdir()).resolve()):
+        pytest.skip(f"refusing to migrate and empty {path}: OMLX_HOME is not a tmp dir")
+    call_command("migrate", verbosity=0)
+    return path
+
+
+@pytest.fixture
+def models_dir(test_db, tmp_path, monkeypatch):
+    """An empty model folder root; no server on OMLX_PORT; empty tables."""
+    root = tmp_path / "models"
+    root.mkdir()
+    monkeypatch.setenv("OMLX_MODEL_DIRS", str(root))
+    monkeypatch.setenv("OMLX_HOST", "127.0.0.1")
+    monkeypatch.setenv("OMLX_PORT", str(free_port()))
+    monkeypatch.delenv("OMLX_API_KEY", raising=False)
+    monkeypatch.delenv("OMLX_IDLE_TTL", raising=False)
+    from pool.conf import reload_settings
+    from pool.models import EvictionEvent, ModelSettings
+
+    reload_settings()
+    ModelSettings.objects.all().delete()
+    EvictionEvent.objects.all().delete()
+    yield root
+    ModelSettings.objects.all().delete()
+    monkeypatch.undo()
+    reload_settings()
+
+
+def make_folder(root: Path, name: str, size: int = 0) -> Path:
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    with open(folder / "model.safetensors", "wb") as f:
+        f.truncate(size)
+    return folder

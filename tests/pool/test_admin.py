@@ -2,6 +2,7 @@
 changelists, the read-only history, and a settings change that reaches the running pool at once."""
 
 import re
+import sqlite3
 import subprocess
 import sys
 
@@ -86,3 +87,20 @@ def test_eviction_history_is_read_only_and_filterable(server, admin_client):
     refused = admin_client.post(f"/admin/pool/evictionevent/{pk}/delete/",
                                 data={"csrfmiddlewaretoken": csrf_token(form.text), "post": "yes"})
     assert refused.status_code == 403
+
+
+def test_the_admin_refuses_an_alias_that_is_another_models_id(server, admin_client):
+    form = admin_client.get("/admin/pool/modelsettings/add/")
+    assert form.status_code == 200
+    fields = {"csrfmiddlewaretoken": csrf_token(form.text), "model_id": "another-model", "ttl_seconds": "",
+              "temperature": "", "top_p": "", "max_tokens": "", "display_name": "", "notes": "", "_save": "Save"}
+    refused = admin_client.post("/admin/pool/modelsettings/add/", data={**fields, "alias": DEMO})
+    assert refused.status_code == 200 and "is the id of another model" in refused.text   # the form, again
+    out_of_range = admin_client.post("/admin/pool/modelsettings/add/", data={**fields, "temperature": "3"})
+    assert out_of_range.status_code == 200 and "must be between 0 and 2" in out_of_range.text
+    with sqlite3.connect(server.home / "omlx.sqlite3") as db:
+        assert db.execute("select count(*) from pool_modelsettings where model_id = 'another-model'").fetchone() == (0,)
+    saved = admin_client.post("/admin/pool/modelsettings/add/", data={**fields, "alias": "demo"})
+    assert saved.status_code == 302, saved.text[:2000]
+    changelist = admin_client.get("/admin/pool/modelsettings/")
+    assert "another-model" in changelist.text and "demo" in changelist.text

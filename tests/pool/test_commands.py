@@ -4,56 +4,15 @@ model folders in a tmp dir, and as subprocesses against a real running server.""
 import json
 import subprocess
 import sys
-import tempfile
 from io import StringIO
-from pathlib import Path
 
 import pytest
-from django.conf import settings as django_settings
 from django.core.management import CommandError, call_command
 
-from pool.conf import reload_settings
 from pool.management.commands.models import format_seconds, format_size
-from pool.models import EvictionEvent, ModelSettings
-from tests.conftest import DEMO, ROOT, free_port
-
-
-@pytest.fixture(scope="session")
-def test_db():
-    """The test process's database ($OMLX_HOME/omlx.sqlite3 of the tmp home set by tests/conftest.py)."""
-    path = Path(django_settings.DATABASES["default"]["NAME"]).resolve()
-    if not path.is_relative_to(Path(tempfile.gettempdir()).resolve()):
-        pytest.skip(f"refusing to migrate and empty {path}: OMLX_HOME is not a tmp dir")
-    call_command("migrate", verbosity=0)
-    return path
-
-
-@pytest.fixture
-def models_dir(test_db, tmp_path, monkeypatch):
-    """An empty model folder root; no server on OMLX_PORT; empty tables."""
-    root = tmp_path / "models"
-    root.mkdir()
-    monkeypatch.setenv("OMLX_MODEL_DIRS", str(root))
-    monkeypatch.setenv("OMLX_HOST", "127.0.0.1")
-    monkeypatch.setenv("OMLX_PORT", str(free_port()))
-    monkeypatch.delenv("OMLX_API_KEY", raising=False)
-    monkeypatch.delenv("OMLX_IDLE_TTL", raising=False)
-    reload_settings()
-    ModelSettings.objects.all().delete()
-    EvictionEvent.objects.all().delete()
-    yield root
-    ModelSettings.objects.all().delete()
-    monkeypatch.undo()
-    reload_settings()
-
-
-def make_folder(root: Path, name: str, size: int = 0) -> Path:
-    folder = root / name
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text("{}")
-    with open(folder / "model.safetensors", "wb") as f:
-        f.truncate(size)
-    return folder
+from pool.models import ModelSettings
+from tests.conftest import DEMO, ROOT
+from tests.pool.conftest import make_folder
 
 
 def run(*args) -> str:

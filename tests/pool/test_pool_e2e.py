@@ -121,7 +121,9 @@ def test_concurrent_requests_share_one_load(start_server, models):
     [t.start() for t in threads]
     [t.join(60) for t in threads]
     assert results == [200] * 4
-    assert "model_loads_total 1.0" in server.get("/metrics").text or server.model("a")["state"] == "loaded"
+    metrics = server.get("/metrics").text
+    assert "model_loads_total 1.0" in metrics.splitlines(), metrics
+    assert 'requests_total{model="a"} 4.0' in metrics.splitlines()
 
 
 def test_failed_load_is_409_until_rediscovery(start_server, models, tmp_path):
@@ -208,21 +210,26 @@ def test_health_answers_while_a_model_loads(start_server, make_model):
     assert max(latencies) < min(1.0, load_seconds), (latencies, load_seconds)
 
 
+def timed_chat(server, model: str) -> float:
+    started = time.monotonic()
+    assert server.chat(model).status_code == 200
+    return time.monotonic() - started
+
+
 def test_a_loaded_model_never_waits_behind_another_load(start_server, models, make_model):
     server = start_server({"a": models["a"], "big": make_model("pool-big", 1200, seed=9)}, demo=False)
-    assert server.chat("a").status_code == 200
-    finished = {}
-
-    def load():
-        server.post("/api/models/big/load", {})
-        finished["big"] = time.monotonic()
-    loader = threading.Thread(target=load)
+    timed_chat(server, "a")
+    alone = min(timed_chat(server, "a") for _ in range(3))
+    loader = threading.Thread(target=lambda: server.post("/api/models/big/load", {}))
     loader.start()
-    time.sleep(0.1)  # the load has begun: its first step is the tokenizer, its last the weights
-    assert server.chat("a").status_code == 200
-    finished["a"] = time.monotonic()
+    server.wait_for(lambda: server.model("big")["state"] == "loading", interval=0.005)
+    during = timed_chat(server, "a")
+    still_loading = server.model("big")["state"] == "loading"
     loader.join(60)
-    assert finished["a"] < finished["big"], finished  # a's answer came while big was still loading
+    load_seconds = server.model("big")["load_seconds"]
+    # the load must be long enough that waiting behind it would show
+    assert load_seconds > 5 * alone, (load_seconds, alone)
+    assert still_loading and during < load_seconds / 3, (during, alone, load_seconds)
 
 
 def test_concurrent_requests_to_one_model_share_the_batch(start_server):

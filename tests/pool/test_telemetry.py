@@ -1,14 +1,16 @@
 """Telemetry: batched writes to its own WAL SQLite file, retention, the since filter and downsampling;
 then Metrics, fed by pool listener calls and a snapshot."""
 
+import asyncio
 import sqlite3
-from collections import deque
 from types import SimpleNamespace
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pool.events import EventLog
 from pool.metrics import Metrics
+from pool.policy.vocabulary import ActionKind, Change, Reason
 from pool.telemetry import PRUNE_EVERY_SECONDS, Telemetry
 
 DAY = 86400
@@ -182,23 +184,23 @@ def test_reopening_keeps_rows(tmp_path, clock):
 # ---- Metrics: counted from pool listener calls, gauges read from the snapshot at scrape time ----
 
 class FakePool:
+    """What Metrics reads of a pool, with changes sent through the real EventLog."""
+
     def __init__(self, *ids):
         self.entries = {i: SimpleNamespace(id=i, leases=0) for i in ids}
-        self.recent_events = deque(maxlen=50)
+        self.events = EventLog()
         self.loads_total, self.load_seconds_total = 2, 1.5
-        self.metrics = None
 
     def lease(self, model):
         self.entries[model].leases += 1
-        self.metrics.on_pool_change("request_start", model)
+        self.events.changed(Change.REQUEST_START, model)
 
     def end(self, model):
         self.entries[model].leases -= 1
-        self.metrics.on_pool_change("request_end", model)
+        self.events.changed(Change.REQUEST_END, model)
 
     def record(self, **event):
-        self.recent_events.append({"model": event.get("model_id"), **event})
-        self.metrics.on_pool_change("event", self.recent_events[-1])
+        asyncio.run(self.events.record(**event))
 
 
 def snapshot():
@@ -217,8 +219,9 @@ def samples(metrics) -> dict:
 @pytest.fixture
 def pool_and_metrics():
     pool = FakePool("a", "b")
-    pool.metrics = Metrics(pool, snapshot=snapshot)
-    return pool, pool.metrics
+    metrics = Metrics(pool, snapshot=snapshot)
+    pool.events.subscribe(metrics.on_pool_change)
+    return pool, metrics
 
 
 def test_requests_are_counted_per_model(pool_and_metrics):
@@ -231,16 +234,17 @@ def test_requests_are_counted_per_model(pool_and_metrics):
 
 def test_unloads_count_as_evictions_and_every_event_by_reason(pool_and_metrics):
     pool, metrics = pool_and_metrics
-    pool.record(model_id="a", reason="lru", freed_bytes=10)
-    pool.record(model_id="b", reason="emergency", freed_bytes=None)   # a mark or an abort, not an unload
-    pool.record(model_id="", reason="cache_reclaim", freed_bytes=5)
+    pool.record(action=ActionKind.UNLOAD, model_id="a", reason=Reason.LRU, freed_bytes=10)
+    pool.record(action=ActionKind.ABORT_REQUESTS, model_id="b", reason=Reason.EMERGENCY)
+    pool.record(action=ActionKind.MARK_UNLOAD, model_id="b", reason=Reason.EMERGENCY)
+    pool.record(action=ActionKind.RECLAIM, reason=Reason.CACHE_RECLAIM, freed_bytes=5)
     metrics.admission_rejected("queue_full")
     got = samples(metrics)
     assert got[("evictions_total", (("reason", "lru"),))] == 1
     assert ("evictions_total", (("reason", "emergency"),)) not in got
     assert ("evictions_total", (("reason", "cache_reclaim"),)) not in got
     assert {r: got[("pool_events_total", (("reason", r),))] for r in ("lru", "emergency", "cache_reclaim")} == {
-        "lru": 1, "emergency": 1, "cache_reclaim": 1}
+        "lru": 1, "emergency": 2, "cache_reclaim": 1}
     assert got[("admission_rejections_total", (("reason", "queue_full"),))] == 1
 
 
@@ -260,6 +264,9 @@ def test_gauges_come_from_the_snapshot(pool_and_metrics):
 
 def test_each_runtime_has_its_own_registry():
     first, second = FakePool("a"), FakePool("a")
-    first.metrics, second.metrics = Metrics(first, snapshot=snapshot), Metrics(second, snapshot=snapshot)
+    first_metrics, second_metrics = Metrics(first, snapshot=snapshot), Metrics(second, snapshot=snapshot)
+    first.events.subscribe(first_metrics.on_pool_change)
+    second.events.subscribe(second_metrics.on_pool_change)
     first.lease("a")
-    assert ("requests_total", (("model", "a"),)) not in samples(second.metrics)
+    assert samples(first_metrics)[("requests_total", (("model", "a"),))] == 1
+    assert ("requests_total", (("model", "a"),)) not in samples(second_metrics)

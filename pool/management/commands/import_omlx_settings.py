@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import IntegrityError, transaction
 
@@ -19,7 +20,7 @@ from pool.conf import get_settings
 from pool.discovery import discover
 from pool.errors import BadRequest
 from pool.models import ModelSettings
-from pool.services import OMLX_NAMES, SETTINGS_FIELDS, validate_settings
+from pool.services import OMLX_NAMES, SETTINGS_FIELDS, coerce_settings, invalid_settings, write_model_settings
 
 from pool.client import ServerRefused, call_server, server_url
 
@@ -51,6 +52,14 @@ def read_file(path: Path) -> dict[str, dict[str, Any]]:
     return data
 
 
+def _check_ranges(model_id: str, changes: dict[str, Any]) -> None:
+    """The model's own field rules, on every entry before anything is written."""
+    try:
+        ModelSettings(model_id=model_id, **changes).clean_fields(exclude=["model_id", "alias"])
+    except ValidationError as e:
+        raise invalid_settings(e) from None
+
+
 class Command(BaseCommand):
     help = "Import oMLX's model_settings.json (pins, TTLs, aliases, sampling defaults) into ModelSettings."
     requires_system_checks = []
@@ -69,7 +78,8 @@ class Command(BaseCommand):
         plans, problems = [], []
         for model_id, values in data["models"].items():
             try:
-                changes = validate_settings({k: v for k, v in values.items() if known_key(k)})
+                changes = coerce_settings({k: v for k, v in values.items() if known_key(k)})
+                _check_ranges(model_id, changes)
             except BadRequest as e:
                 problems.append(f"{model_id}: {e.message}")
                 continue
@@ -123,19 +133,17 @@ class Command(BaseCommand):
 
     @staticmethod
     def _write(plans, existing: dict[str, ModelSettings]) -> None:
+        model_id = None
         try:
             with transaction.atomic():
                 # Aliases may move between models in one import: clear the moving ones first.
-                moving = [m for m, changes, _ in plans
-                          if "alias" in changes and m in existing and existing[m].alias != changes["alias"]]
-                ModelSettings.objects.filter(model_id__in=moving).update(alias=None)
                 for model_id, changes, _ in plans:
-                    row, _ = ModelSettings.objects.get_or_create(model_id=model_id)
-                    for name, value in changes.items():
-                        setattr(row, name, value)
-                    row.save()
-        except IntegrityError as e:
-            raise CommandError(f"nothing imported: {e}") from None
+                    if "alias" in changes and model_id in existing and existing[model_id].alias != changes["alias"]:
+                        write_model_settings(model_id=model_id, changes={"alias": None})
+                for model_id, changes, _ in plans:
+                    write_model_settings(model_id=model_id, changes=changes)
+        except (BadRequest, IntegrityError) as e:
+            raise CommandError(f"nothing imported: {model_id}: {getattr(e, 'message', e)}") from None
 
     def _note_running_server(self) -> None:
         """A running server re-reads the settings when it re-discovers its models."""

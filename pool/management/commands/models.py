@@ -13,7 +13,9 @@ from pool.client import ServerRefused, call_server, server_url
 from pool.conf import get_settings
 from pool.discovery import discover
 from pool.models import ModelSettings
-from pool.policy import format_bytes
+from pool.database import DatabaseNotReady, ensure_schema
+from pool.policy.units import format_bytes
+from pool.policy.vocabulary import ModelState
 
 
 def format_size(n: int | None) -> str:
@@ -32,10 +34,12 @@ def format_seconds(seconds: float | None) -> str:
 
 
 def db_settings() -> dict[str, ModelSettings]:
+    """Every settings row; the schema is brought up to date first, as `serve` does."""
     try:
+        ensure_schema()
         return {row.model_id: row for row in ModelSettings.objects.all()}
-    except DatabaseError as e:
-        raise CommandError(f"cannot read the database ({e}); run `python manage.py migrate` first") from e
+    except (DatabaseNotReady, DatabaseError) as e:
+        raise CommandError(str(e)) from None
 
 
 def render_table(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -103,7 +107,7 @@ class Command(BaseCommand):
         for model_id in sorted(found):
             row = settings.get(model_id)
             ttl = row.ttl_seconds if row is not None and row.ttl_seconds is not None else idle_ttl
-            rows.append({"id": model_id, "state": "unloaded", "size": found[model_id].size_bytes,
+            rows.append({"id": model_id, "state": ModelState.UNLOADED, "size": found[model_id].size_bytes,
                          "pinned": "yes" if row is not None and row.is_pinned else "no",
                          "alias": row.alias if row is not None else None, "ttl": format_seconds(ttl)})
         return rows + self._missing_rows(settings, set(found))

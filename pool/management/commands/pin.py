@@ -10,11 +10,12 @@ from __future__ import annotations
 from urllib.parse import quote
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import transaction
 
 from pool.conf import get_settings
 from pool.discovery import discover
 from pool.models import ModelSettings
+from pool.names import resolve_name
+from pool.services import write_model_settings
 
 from pool.client import ServerRefused, call_server, server_url
 
@@ -26,23 +27,14 @@ POST_TIMEOUT = 10.0  # the server writes its database before it answers
 def resolve_model(name: str, snapshot: dict | None) -> str:
     """A model id from an id or an alias known on disk, in the database or to the running server."""
     settings = db_settings()
-    live = {m["id"]: m.get("alias") for m in (snapshot or {}).get("models", [])}
-    ids = set(discover(get_settings().model_dirs)) | set(settings) | set(live)
-    if name in ids:
-        return name
-    aliases = {alias: model_id for model_id, alias in live.items() if alias}
-    aliases.update({row.alias: model_id for model_id, row in settings.items() if row.alias})
-    if name in aliases:
-        return aliases[name]
-    lowered = name.lower()  # as the pool resolves request names
-    for model_id in sorted(ids):
-        if model_id.lower() == lowered:
-            return model_id
-    for alias, model_id in sorted(aliases.items()):
-        if alias.lower() == lowered:
-            return model_id
-    listing = ", ".join(sorted(ids)) or f"none (looked in {', '.join(str(d) for d in get_settings().model_dirs)})"
-    raise CommandError(f"unknown model '{name}'. Available models: {listing}")
+    known = {model_id: None for model_id in discover(get_settings().model_dirs)}
+    known.update({model_id: row.alias for model_id, row in settings.items()})
+    known.update({m["id"]: m.get("alias") for m in (snapshot or {}).get("models", [])})
+    model_id = resolve_name(name, known.items())
+    if model_id is None:
+        listing = ", ".join(sorted(known)) or f"none (looked in {', '.join(str(d) for d in get_settings().model_dirs)})"
+        raise CommandError(f"unknown model '{name}'. Available models: {listing}")
+    return model_id
 
 
 class Command(BaseCommand):
@@ -87,15 +79,8 @@ class Command(BaseCommand):
         self.stdout.write(f"the running server at {url} applied it at once")
 
     def _save(self, model_id: str) -> bool:
-        with transaction.atomic():
-            if self.pinned:
-                row, _ = ModelSettings.objects.get_or_create(model_id=model_id)
-            else:
-                row = ModelSettings.objects.filter(model_id=model_id).first()
-                if row is None:
-                    return False  # no row is the same as not pinned
-            if row.is_pinned == self.pinned:
-                return False
-            row.is_pinned = self.pinned
-            row.save(update_fields=["is_pinned", "updated_at"])
-            return True
+        row = ModelSettings.objects.filter(model_id=model_id).first()
+        if bool(row and row.is_pinned) == self.pinned:
+            return False  # no row is the same as not pinned
+        write_model_settings(model_id=model_id, changes={"is_pinned": self.pinned})
+        return True

@@ -1,0 +1,75 @@
+"""Request admission: the gate memory pressure closes, its bounded wait queue, and the prefill
+guard that refuses a prompt whose KV cache cannot fit. The enforcer opens and closes the gate;
+the serving door passes every request through it."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Callable
+
+from .errors import BadRequest, ServiceUnavailable
+from .memory import memory_lines
+from .policy.admission import ModelView, lru_victims
+from .policy.pressure import kv_bytes, prefill_check
+from .policy.units import format_bytes
+
+
+class Admission:
+    def __init__(self, settings, probe, *, on_reject: Callable[[str], None] | None = None):
+        self.conf = settings
+        self.probe = probe
+        self.on_reject = on_reject or (lambda reason: None)
+        self.paused = False
+        self.waiting = 0
+        self.retry_after = 1
+        self._open = asyncio.Event()
+        self._open.set()
+
+    def set_paused(self, paused: bool, *, retry_after: float = 1.0) -> None:
+        self.paused = paused
+        self.retry_after = max(1, math.ceil(retry_after))
+        (self._open.clear if paused else self._open.set)()
+
+    async def admit(self) -> None:
+        """Let a new request in; while admission is paused, wait in a bounded queue, then 503."""
+        if not self.paused:
+            return
+        if self.waiting >= self.conf.admission_queue:
+            self.on_reject("queue_full")
+            raise ServiceUnavailable("Memory pressure: admission is paused and the wait queue is full; "
+                                     "retry shortly.", retry_after=self.retry_after)
+        self.waiting += 1
+        try:
+            async with asyncio.timeout(self.conf.admission_wait):   # not wait_for: see enforcer._run
+                await self._open.wait()
+        except TimeoutError:
+            self.on_reject("timeout")
+            raise ServiceUnavailable(f"Memory pressure: admission stayed paused for "
+                                     f"{self.conf.admission_wait:g} s; retry shortly.",
+                                     retry_after=self.retry_after) from None
+        finally:
+            self.waiting -= 1
+
+    def check_prefill(self, model_id: str, model_info: dict, prompt_tokens: int, views: list[ModelView], *,
+                      param: str) -> None:
+        """Refuse up front a prompt whose KV cache cannot fit under the hard line even after every
+        idle model is evicted."""
+        if not model_info:
+            return
+        reading = self.probe.read()
+        lines = memory_lines(self.conf, reading)
+        if lines is None:
+            return
+        estimate = kv_bytes(layers=model_info["layers"], kv_heads=model_info["kv_heads"],
+                            head_dim=model_info["head_dim"], bytes_per_element=model_info["bytes_per_element"],
+                            tokens=prompt_tokens)
+        evictable = sum(v.footprint for v in lru_victims(views) if v.id != model_id)
+        if not prefill_check(kv_estimate=estimate, usage=reading.usage, evictable_bytes=evictable,
+                             hard_line=lines.hard):
+            self.on_reject("prefill")
+            raise BadRequest(f"The prompt ({prompt_tokens} tokens) needs about {format_bytes(estimate)} of "
+                             f"KV cache, which cannot fit under the hard memory line "
+                             f"({format_bytes(lines.hard)}) even after evicting every idle model.",
+                             param=param, code="prefill_memory_exceeded", estimated_bytes=estimate,
+                             limit_bytes=max(0, lines.hard - reading.usage + evictable))

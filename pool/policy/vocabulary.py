@@ -1,0 +1,74 @@
+"""The pool's words, defined once: model states, pressure levels, event reasons, enforcer actions,
+admission refusals and pool changes. StrEnums, so they compare equal to their JSON strings and the
+ORM's choices are built from them."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ModelState(StrEnum):
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    LOADED = "loaded"
+    UNLOADING = "unloading"
+    FAILED = "failed"
+
+
+class Level(StrEnum):
+    OK = "ok"
+    SOFT = "soft"
+    HARD = "hard"
+    EMERGENCY = "emergency"
+
+    @property
+    def rank(self) -> int:
+        return list(Level).index(self)
+
+
+class Reason(StrEnum):
+    """Why an event happened: the eviction history's `reason` column."""
+    LRU = "lru"
+    COUNT_CAP = "count_cap"
+    TTL = "ttl"
+    KEEP_ALIVE = "keep_alive"
+    MANUAL = "manual"
+    PRESSURE_SOFT = "pressure_soft"
+    PRESSURE_HARD = "pressure_hard"
+    EMERGENCY = "emergency"
+    CACHE_RECLAIM = "cache_reclaim"
+    LOAD_ABORTED = "load_aborted"
+    REQUESTS_ABORTED = "requests_aborted"
+
+
+class ActionKind(StrEnum):
+    """What an event did: the enforcer's actions, and the pool's own unloads."""
+    RECLAIM = "reclaim"
+    UNLOAD = "unload"
+    ABORT_LOAD = "abort_load"
+    ABORT_REQUESTS = "abort_requests"
+    MARK_UNLOAD = "mark_unload"
+
+
+class Refusal(StrEnum):
+    """Why a model cannot be loaded now (a 507's `code`)."""
+    MODEL_TOO_LARGE = "model_too_large"
+    INSUFFICIENT_MEMORY = "insufficient_memory"
+    TOO_MANY_MODELS = "too_many_models"
+
+
+class Change(StrEnum):
+    """What changed in the pool; listeners (metrics, the enforcer, the broadcaster) get one."""
+    DISCOVERY = "discovery"
+    SETTINGS = "settings"
+    REQUEST_START = "request_start"
+    REQUEST_END = "request_end"
+    LOAD_START = "load_start"
+    LOAD_END = "load_end"
+    UNLOAD_START = "unload_start"
+    UNLOAD = "unload"
+    EVENT = "event"
+    TICK = "tick"
+
+
+RESIDENT_STATES = (ModelState.LOADED, ModelState.LOADING)

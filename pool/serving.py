@@ -1,0 +1,107 @@
+"""The serving door: the one way a request reaches an engine.
+
+`open_completion` admits the request (the gate memory pressure closes), takes a lease on its model
+(loading it, evicting others, if needed), encodes the prompt on a worker thread, applies the
+prefill guard and starts generation. The `Completion` it returns yields the engine's chunks with
+engine errors mapped to the pool's domain errors, and `aclose()` releases everything. Routes parse
+and frame; they never see an engine."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from .admission import Admission
+from .engine_pool import EnginePool
+from .engines.types import Chunk, EngineError, EngineLike, RequestAborted, SamplingParams
+from .errors import BadRequest, EngineFailure, ServiceUnavailable
+
+DEFAULT_MAX_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class CompletionSpec:
+    """A parsed request: chat `messages` or a completion `prompt`. None = the model's default."""
+    model: str
+    messages: list[dict] | None = None
+    prompt: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    keep_alive: float | None = None
+
+    @property
+    def prompt_param(self) -> str:
+        return "messages" if self.messages is not None else "prompt"
+
+
+class Completion:
+    """One admitted, leased, encoded request. Iterate `chunks()` once; always `aclose()`."""
+
+    def __init__(self, model_id: str, engine: EngineLike, tokens: list[int], params: SamplingParams,
+                 stack: AsyncExitStack):
+        self.model_id = model_id
+        self.prompt_tokens = len(tokens)
+        self._engine, self._tokens, self._params, self._stack = engine, tokens, params, stack
+
+    async def chunks(self) -> AsyncIterator[Chunk]:
+        try:
+            async for chunk in self._engine.generate(self._tokens, self._params):
+                yield chunk
+        except RequestAborted as e:
+            raise ServiceUnavailable(f"The request was aborted: {e}", code=e.code) from None
+        except EngineError as e:
+            raise EngineFailure(f"The engine failed: {e}") from None
+
+    async def aclose(self) -> None:
+        await self._stack.aclose()
+
+    async def __aenter__(self) -> "Completion":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+
+class Serving:
+    def __init__(self, pool: EnginePool, admission: Admission):
+        self.pool = pool
+        self.admission = admission
+
+    async def open_completion(self, spec: CompletionSpec) -> Completion:
+        entry = self.pool.resolve(spec.model)
+        await self.admission.admit()
+        stack = AsyncExitStack()
+        try:
+            engine = await stack.enter_async_context(self.pool.lease(entry.id, keep_alive=spec.keep_alive))
+            tokens = await _encode(engine, spec)
+            self.admission.check_prefill(entry.id, engine.model_info, len(tokens), self.pool.views(),
+                                         param=spec.prompt_param)
+            return Completion(entry.id, engine, tokens, _sampling(spec, entry.settings), stack)
+        except BaseException:
+            await stack.aclose()
+            raise
+
+
+async def _encode(engine: EngineLike, spec: CompletionSpec) -> list[int]:
+    try:
+        if spec.messages is not None:
+            return await asyncio.to_thread(engine.encode_chat, spec.messages)
+        return await asyncio.to_thread(engine.encode_text, spec.prompt)
+    except Exception as e:  # noqa: BLE001 - input the tokenizer rejects is the client's to fix
+        what = "chat template rejected the messages" if spec.messages is not None else "tokenizer rejected the prompt"
+        raise BadRequest(f"The model's {what}: {e}", param=spec.prompt_param) from None
+
+
+def _sampling(spec: CompletionSpec, defaults: dict) -> SamplingParams:
+    def pick(value, name, fallback):
+        if value is not None:
+            return value
+        return defaults.get(name) if defaults.get(name) is not None else fallback
+    return SamplingParams(max_tokens=int(pick(spec.max_tokens, "max_tokens", DEFAULT_MAX_TOKENS)),
+                          temperature=float(pick(spec.temperature, "temperature", 0.0)),
+                          top_p=float(pick(spec.top_p, "top_p", 1.0)), stop=spec.stop, seed=spec.seed)

@@ -1,0 +1,200 @@
+"""The one place for fakes: a memory probe and a clock the test controls, and a small engine the
+pool's `engine_factory` makes instead of an MLX one, so that the pool, the serving door and the
+enforcer can be tested in-process in milliseconds. The real-model end-to-end tests stay."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pool.engines.types import Chunk, LoadAborted, LoadResult, ReleaseResult, RequestAborted, SamplingParams
+from pool.memory import MemoryReading
+
+MODEL_INFO = {"layers": 2, "kv_heads": 1, "head_dim": 4, "bytes_per_element": 2, "context_length": 256}
+
+
+class Clock:
+    def __init__(self, now: float = 1_000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class Memory:
+    """What the fake probe reports: a base, plus what the fake engines hold, plus MLX's cache."""
+    base: int = 0
+    cache: int = 0
+    total: int = 64 * 2**30
+    held: dict[str, int] = field(default_factory=dict)   # model id -> bytes its engine holds
+
+    def usage(self) -> int:
+        return self.base + sum(self.held.values()) + self.cache
+
+
+class FakeProbe:
+    def __init__(self, memory: Memory):
+        self.memory = memory
+
+    def read(self) -> MemoryReading:
+        m = self.memory
+        active = m.base + sum(m.held.values())
+        return MemoryReading(active=active, cache=m.cache, peak=active, rss=0, total=m.total,
+                             available=m.total - m.usage())
+
+
+class FakeEngine:
+    """Loads in `load_seconds` (abortable), streams `tokens` chunks of "t " `token_seconds` apart."""
+
+    def __init__(self, model_id: str, path: Path, factory: "FakeEngines"):
+        self.model_id, self.path, self.factory = model_id, path, factory
+        self.abort_load = False
+        self.model_info: dict = {}
+        self._running: set[asyncio.Queue] = set()
+
+    async def load(self) -> LoadResult:
+        spec = self.factory.spec(self.model_id)
+        remaining = spec.load_seconds
+        while remaining > 0:
+            if self.abort_load:
+                raise LoadAborted("load aborted: process memory pressure")
+            step = min(0.005, remaining)
+            await asyncio.sleep(step)
+            remaining -= step
+        if spec.fail:
+            raise OSError(spec.fail)
+        if self.abort_load:
+            raise LoadAborted("load aborted: process memory pressure")
+        size = self.factory.memory_bytes(self.model_id, self.path)
+        self.factory.memory.held[self.model_id] = size
+        self.factory.loads[self.model_id] += 1
+        self.model_info = {**MODEL_INFO, **spec.model_info}
+        return LoadResult(measured_bytes=size, seconds=spec.load_seconds, model_info=self.model_info)
+
+    async def stop(self, message: str = "the model was unloaded") -> ReleaseResult:
+        self.abort_all(message, "model_unloaded")
+        held = self.factory.memory.held.pop(self.model_id, 0)
+        return ReleaseResult(active_before=held, active_after=0, rss_before=held, rss_after=0)
+
+    async def call(self, fn):
+        # The pool calls this only to clear MLX's cache on an engine thread: clear the fake one.
+        self.factory.memory.cache = 0
+        self.factory.calls += 1
+
+    def abort_all(self, message: str, code: str = "request_aborted") -> None:
+        for queue in list(self._running):
+            queue.put_nowait(RequestAborted(message, code))
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        return self.encode_text(" ".join(m["content"] for m in messages))
+
+    def encode_text(self, prompt: str) -> list[int]:
+        return list(range(len(prompt.split())))
+
+    async def generate(self, tokens: list[int], params: SamplingParams):
+        spec = self.factory.spec(self.model_id)
+        queue: asyncio.Queue = asyncio.Queue()
+        self._running.add(queue)
+        try:
+            count = min(params.max_tokens, spec.tokens)
+            for i in range(count):
+                try:
+                    error = await asyncio.wait_for(queue.get(), timeout=spec.token_seconds)
+                except TimeoutError:
+                    error = None
+                if error is not None:
+                    raise error
+                finish = None
+                if i == count - 1:
+                    finish = "length" if count == params.max_tokens else "stop"
+                yield Chunk("t ", finish, len(tokens), i + 1)
+        finally:
+            self._running.discard(queue)
+
+
+@dataclass
+class Spec:
+    load_seconds: float = 0.0
+    tokens: int = 3
+    token_seconds: float = 0.0
+    fail: str = ""
+    model_info: dict = field(default_factory=dict)   # overrides MODEL_INFO (the KV shape)
+
+
+class FakeEngines:
+    """The pool's engine_factory: `FakeEngines(memory, b=Spec(load_seconds=0.2))`. Counts loads."""
+
+    def __init__(self, memory: Memory, **specs: Spec):
+        self.memory = memory
+        self.specs = specs
+        self.loads: Counter[str] = Counter()
+        self.engines: dict[str, FakeEngine] = {}
+        self.calls = 0
+
+    def spec(self, model_id: str) -> Spec:
+        return self.specs.get(model_id, Spec())
+
+    def memory_bytes(self, model_id: str, path: Path) -> int:
+        return json.loads((path / "config.json").read_text()).get("fake_bytes", 0)
+
+    def __call__(self, model_id: str, path: Path) -> FakeEngine:
+        engine = FakeEngine(model_id, path, self)
+        self.engines[model_id] = engine
+        return engine
+
+
+def model_folders(root: Path, **sizes: int) -> Path:
+    """Folders the pool discovers: config.json and a sparse weights file of `size` bytes each."""
+    for name, size in sizes.items():
+        folder = root / name
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps({"model_type": "llama", "fake_bytes": size}))
+        with open(folder / "model.safetensors", "wb") as f:
+            f.truncate(size)
+    return root
+
+
+class Core:
+    """The pool, its admission gate, the serving door and the enforcer over fake engines and a fake
+    probe, in this event loop: what Runtime wires, minus Django, the database and the broadcaster."""
+
+    def __init__(self, models_dir: Path, *, specs: dict[str, Spec] | None = None, **settings):
+        from pool.admission import Admission
+        from pool.conf import Settings, get_settings
+        from pool.engine_pool import EnginePool
+        from pool.enforcer import ProcessMemoryEnforcer
+        from pool.serving import Serving
+
+        values = {**get_settings().values, "model_dirs": [models_dir], "max_model_memory": "off",
+                  "max_loaded_models": 0, "idle_ttl": None, "memory_ceiling": "off", "admission_wait": 0.2,
+                  "admission_queue": 4, **settings}
+        self.conf = Settings(values)
+        self.memory = Memory()
+        self.probe = FakeProbe(self.memory)
+        self.clock = Clock()
+        self.engines = FakeEngines(self.memory, **(specs or {}))
+        self.pool = EnginePool(self.conf, self.probe, clock=self.clock, engine_factory=self.engines)
+        self.admission = Admission(self.conf, self.probe)
+        self.serving = Serving(self.pool, self.admission)
+        self.enforcer = ProcessMemoryEnforcer(self.pool, self.probe, self.admission)
+        self.pool.rediscover()
+
+    def states(self) -> dict[str, str]:
+        return {e.id: str(e.state) for e in self.pool.entries.values()}
+
+    def events(self) -> list[tuple[str, str, str]]:
+        """(action, reason, model) of every event, oldest first."""
+        return [(str(e["action"]), str(e["reason"]), e["model"] or "") for e in self.pool.events.recent]
+
+    async def complete(self, model: str, **spec) -> list[Chunk]:
+        from pool.serving import CompletionSpec
+
+        async with await self.serving.open_completion(CompletionSpec(model=model, prompt="a b c", **spec)) as c:
+            return [chunk async for chunk in c.chunks()]

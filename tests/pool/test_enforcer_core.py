@@ -1,0 +1,145 @@
+"""The enforcer's ladder in-process: a fake probe whose usage follows the fake engines, fixed lines."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pool.errors import BadRequest, ServiceUnavailable
+from pool.serving import CompletionSpec
+from tests.fakes import Core, Spec, model_folders
+
+MB = 10**6
+CEILING = 1000 * MB          # soft 900 MB, hard 950 MB
+
+
+@pytest.fixture
+def models(tmp_path):
+    return model_folders(tmp_path / "models", a=100 * MB, b=100 * MB, c=100 * MB)
+
+
+async def loaded(core: Core, *names: str) -> None:
+    for name in names:
+        await core.pool.load(name)
+        core.clock.advance(1)
+
+
+async def streaming(core: Core, model: str):
+    """A long completion, read in the background until it ends; returns the reading task."""
+    completion = await core.serving.open_completion(CompletionSpec(model=model, prompt="x", max_tokens=10_000))
+    first = asyncio.Event()
+
+    async def read():
+        async with completion:
+            async for _ in completion.chunks():
+                first.set()
+    task = asyncio.ensure_future(read())
+    await first.wait()
+    return task
+
+
+async def test_hard_pressure_is_relieved_by_reclaiming_the_cache_without_unloading(models):
+    core = Core(models, memory_ceiling=CEILING)
+    await loaded(core, "a", "b")
+    core.memory.base, core.memory.cache = 560 * MB, 200 * MB          # 960 MB: hard
+    decision = await core.enforcer.tick()
+    assert [a.kind for a in decision.actions] == ["reclaim"]     # and nothing after the re-measure
+    assert decision.level == core.enforcer.level == "ok" and not core.admission.paused
+    assert core.states() == {"a": "loaded", "b": "loaded", "c": "unloaded"}
+    assert core.events() == [("reclaim", "cache_reclaim", "")]
+    assert core.pool.events.recent[-1]["freed_bytes"] == 200 * MB
+
+
+async def test_soft_pressure_evicts_lru_idle_models_but_keeps_the_last_unpinned_one(models):
+    core = Core(models, memory_ceiling=CEILING)
+    await loaded(core, "a", "b", "c")
+    core.memory.base = 620 * MB                                          # 920 MB: soft, no cache
+    decision = await core.enforcer.tick()
+    assert decision.level == "soft"
+    assert core.events() == [("unload", "pressure_soft", "a")]
+    assert core.enforcer.level == "ok"
+    core.memory.base = 720 * MB                                          # 920 with b and c: soft again
+    await core.enforcer.tick()
+    assert core.states() == {"a": "unloaded", "b": "unloaded", "c": "loaded"}
+
+
+async def test_hard_pressure_aborts_loads_and_the_lru_busy_models_requests(models):
+    core = Core(models, memory_ceiling=CEILING,
+                specs={"a": Spec(tokens=10_000, token_seconds=0.005), "c": Spec(load_seconds=5)})
+    await loaded(core, "a")
+    stream = await streaming(core, "a")
+    load = asyncio.ensure_future(core.pool.load("c"))
+    while core.pool.entries["c"].state != "loading":
+        await asyncio.sleep(0)
+    core.memory.base = 900 * MB                                          # 1000 MB with a: at the ceiling, hard
+    decision = await core.enforcer.tick()
+    assert decision.level == "hard"
+    assert [(a.kind, a.model) for a in decision.actions] == [("abort_load", "c"), ("abort_requests", "a")]
+    with pytest.raises(ServiceUnavailable) as aborted:
+        await stream
+    assert aborted.value.code == "memory_pressure"
+    with pytest.raises(Exception, match="aborted"):
+        await load
+    assert core.states()["c"] == "unloaded" and core.states()["a"] == "loaded"
+
+
+async def test_an_emergency_marks_the_busy_model_and_the_mark_fires_once_it_drains(models):
+    core = Core(models, memory_ceiling=CEILING, specs={"a": Spec(tokens=10_000, token_seconds=0.005)})
+    await loaded(core, "a")
+    lease = await core.serving.open_completion(CompletionSpec(model="a", prompt="x"))   # admitted, not started
+    core.memory.base = 3200 * MB                                         # ceiling + > 2 GiB: emergency
+    decision = await core.enforcer.tick()
+    assert decision.level == "emergency"
+    assert [(a.kind, a.model) for a in decision.actions] == [("abort_requests", "a"), ("mark_unload", "a")]
+    assert core.pool.entries["a"].marked_for_unload == "emergency"
+    core.memory.base = 0
+    await core.enforcer.tick()                                           # ok, but a is still leased
+    assert core.states()["a"] == "loaded"
+    await lease.aclose()
+    await core.enforcer.tick()                                           # ok and idle: the mark fires
+    assert core.states()["a"] == "unloaded"
+    assert core.events()[-1] == ("unload", "emergency", "a")
+
+
+async def test_paused_admission_waits_then_answers_503_with_retry_after(models):
+    core = Core(models, memory_ceiling=CEILING, admission_wait=0.05, admission_queue=1)
+    await loaded(core, "a")
+    core.memory.base = 820 * MB                                          # soft; a, the last unpinned, stays
+    await core.enforcer.tick()
+    assert core.admission.paused
+    waiting = asyncio.ensure_future(core.complete("a"))
+    await asyncio.sleep(0)
+    with pytest.raises(ServiceUnavailable, match="queue is full") as full:   # the one place is taken
+        await core.complete("a")
+    assert full.value.headers["Retry-After"] == "1"
+    with pytest.raises(ServiceUnavailable, match="stayed paused"):
+        await waiting
+
+
+async def test_a_waiting_request_goes_on_when_pressure_clears(models):
+    core = Core(models, memory_ceiling=CEILING, admission_wait=5)
+    await loaded(core, "a")
+    core.memory.base = 820 * MB
+    await core.enforcer.tick()
+    waiting = asyncio.ensure_future(core.complete("a"))
+    await asyncio.sleep(0.01)
+    assert not waiting.done() and core.admission.waiting == 1
+    core.memory.base = 0
+    await core.enforcer.tick()
+    assert len(await waiting) == 3
+
+
+async def test_the_prefill_guard_refuses_a_prompt_whose_kv_cannot_fit(models):
+    # 10 MB of KV per token: 60 prompt tokens need 600 MB, and 550 MB are left under the hard line
+    per_token = {"layers": 1, "kv_heads": 1, "head_dim": 2_500_000, "bytes_per_element": 2}
+    core = Core(models, memory_ceiling=CEILING, specs={"a": Spec(model_info=per_token)})
+    await loaded(core, "a")
+    core.memory.base = 300 * MB
+    prompt = " ".join(["w"] * 60)
+    with pytest.raises(BadRequest) as refused:
+        await core.serving.open_completion(CompletionSpec(model="a", prompt=prompt))
+    assert refused.value.code == "prefill_memory_exceeded" and refused.value.param == "prompt"
+    assert refused.value.extra["estimated_bytes"] == 600 * MB
+    assert core.pool.entries["a"].leases == 0
+    assert len(await core.complete("a")) == 3                            # a short prompt still runs

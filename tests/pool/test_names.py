@@ -1,0 +1,23 @@
+"""Model names -> ids: the one rule the pool and the `pin` command share."""
+
+import pytest
+
+from pool.names import resolve_name
+
+MODELS = [("Qwen3-8B", "qwen"), ("llama", None), ("LLAMA-big", "Llama"), ("org/Model", None)]
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("Qwen3-8B", "Qwen3-8B"),          # an exact id
+    ("qwen", "Qwen3-8B"),              # an exact alias
+    ("qwen3-8b", "Qwen3-8B"),          # an id, ignoring case
+    ("QWEN", "Qwen3-8B"),              # an alias, ignoring case
+    ("llama", "llama"),                # an exact id beats another model's alias in another case
+    ("Llama", "LLAMA-big"),            # an exact alias beats an id in another case
+    ("LLAMA", "llama"),                # ignoring case, ids come before aliases
+    ("org/model", "org/Model"),
+    ("missing", None),
+    ("", None),
+])
+def test_resolve_name(name, expected):
+    assert resolve_name(name, MODELS) == expected

@@ -1,0 +1,159 @@
+"""EnginePool and the serving door in-process, over fake engines: milliseconds per test."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from pool.errors import InsufficientMemory, ModelNotFound, ModelTooLarge, ModelUnavailable, ServiceUnavailable
+from pool.policy.vocabulary import Reason
+from pool.serving import CompletionSpec
+from tests.fakes import Core, Spec, model_folders
+
+MB = 10**6
+
+
+@pytest.fixture
+def models(tmp_path):
+    return model_folders(tmp_path / "models", a=100 * MB, b=100 * MB, c=100 * MB, big=300 * MB)
+
+
+async def test_loads_on_demand_and_evicts_the_least_recently_used(models):
+    core = Core(models, max_model_memory=260 * MB)
+    await core.complete("a")
+    core.clock.advance(1)
+    await core.complete("b")
+    core.clock.advance(1)
+    await core.complete("a")          # a is now the most recently used
+    core.clock.advance(1)
+    await core.complete("c")
+    assert core.states() == {"a": "loaded", "b": "unloaded", "c": "loaded", "big": "unloaded"}
+    assert core.events() == [("unload", "lru", "b")]
+    event = core.pool.events.recent[-1]
+    assert event["requested_by"] == "c" and event["freed_bytes"] == 100 * MB
+
+
+@pytest.mark.parametrize("keep", ["pinned", "busy"])
+async def test_a_pinned_or_busy_model_is_never_evicted_and_a_refusal_unloads_nothing(models, keep):
+    core = Core(models, max_model_memory=260 * MB, specs={"a": Spec(tokens=1000, token_seconds=0.01)})
+    await core.complete("b")
+    if keep == "pinned":
+        core.pool.apply_settings("a", {"is_pinned": True})
+        await core.pool.load("a")
+        core.clock.advance(10)
+        await core.complete("b")      # b, not a, is the next victim
+    else:
+        stream = await core.serving.open_completion(CompletionSpec(model="a", prompt="x"))
+    core.clock.advance(1)
+    await core.complete("c")          # b goes, a stays
+    assert core.states()["a"] == "loaded" and core.states()["b"] == "unloaded"
+    core.pool.apply_settings("c", {"is_pinned": True})
+    with pytest.raises(InsufficientMemory) as refused:
+        await core.complete("b")
+    assert refused.value.code == "insufficient_memory" and "'a' is" in refused.value.message
+    assert core.states() == {"a": "loaded", "b": "unloaded", "c": "loaded", "big": "unloaded"}
+    if keep == "busy":
+        await stream.aclose()
+
+
+async def test_a_model_larger_than_the_budget_is_refused_at_once(models):
+    core = Core(models, max_model_memory=260 * MB)
+    with pytest.raises(ModelTooLarge):
+        await core.complete("big")
+    assert core.engines.loads == {}
+
+
+async def test_the_count_cap_says_why_its_victim_goes(models):
+    core = Core(models, max_loaded_models=2)
+    await core.complete("a")
+    core.clock.advance(1)
+    await core.complete("b")
+    await core.complete("c")
+    assert core.events() == [("unload", "count_cap", "a")]
+
+
+async def test_concurrent_requests_share_one_load(models):
+    core = Core(models, specs={"a": Spec(load_seconds=0.05)})
+    results = await asyncio.gather(*(core.complete("a") for _ in range(5)))
+    assert [len(chunks) for chunks in results] == [3] * 5
+    assert core.engines.loads == {"a": 1}
+    assert core.pool.loads_total == 1
+
+
+async def test_a_loaded_model_serves_while_another_loads(models):
+    load_seconds = 0.5
+    core = Core(models, specs={"b": Spec(load_seconds=load_seconds)})
+    await core.complete("a")
+    loading = asyncio.ensure_future(core.pool.load("b"))
+    while core.pool.entries["b"].state != "loading":
+        await asyncio.sleep(0)
+    started = time.perf_counter()
+    await core.complete("a")
+    served_in = time.perf_counter() - started
+    assert core.pool.entries["b"].state == "loading"
+    await loading
+    assert served_in < load_seconds / 5, f"a request for a waited {served_in:.3f} s behind b's load"
+
+
+async def test_ttl_and_keep_alive_unload_idle_models(models):
+    core = Core(models, idle_ttl=60.0)
+    await core.complete("a")
+    await core.complete("b", keep_alive=-1)      # until evicted for space
+    await core.complete("c", keep_alive=0)       # unloaded when the request ends
+    await asyncio.sleep(0.01)
+    assert core.states()["c"] == "unloaded"
+    core.clock.advance(59)
+    assert await core.pool.expire_idle() == []
+    core.clock.advance(1)
+    assert await core.pool.expire_idle() == ["a"]
+    assert core.states() == {"a": "unloaded", "b": "loaded", "c": "unloaded", "big": "unloaded"}
+    assert [(a, r) for a, r, _ in core.events()] == [("unload", "keep_alive"), ("unload", "ttl")]
+
+
+async def test_a_failed_load_is_kept_until_models_are_rediscovered(models):
+    core = Core(models, specs={"a": Spec(fail="truncated weights")})
+    for _ in range(2):
+        with pytest.raises(ModelUnavailable, match="truncated weights"):
+            await core.complete("a")
+    assert core.engines.loads == {} and core.states()["a"] == "failed"
+    core.engines.specs.clear()
+    core.pool.rediscover()
+    assert len(await core.complete("a")) == 3
+
+
+async def test_names_resolve_by_alias_and_ignoring_case(models):
+    core = Core(models)
+    core.pool.apply_settings("b", {"alias": "Bee"})
+    assert core.pool.resolve("bee").id == "b" and core.pool.resolve("A").id == "a"
+    with pytest.raises(ModelNotFound, match="Available models: Bee, a, big, c"):
+        core.pool.resolve("zzz")
+
+
+async def test_the_serving_door_maps_an_abort_to_a_503_and_releases_the_lease(models):
+    core = Core(models, specs={"a": Spec(tokens=1000, token_seconds=0.01)})
+    completion = await core.serving.open_completion(CompletionSpec(model="a", prompt="x y"))
+    assert completion.prompt_tokens == 2 and core.pool.entries["a"].leases == 1
+    got = []
+
+    async def read():
+        async for chunk in completion.chunks():
+            got.append(chunk)
+    reader = asyncio.ensure_future(read())
+    while not got:
+        await asyncio.sleep(0.005)
+    await core.pool.abort_requests("a", reason=Reason.REQUESTS_ABORTED, message="pressure", code="memory_pressure")
+    with pytest.raises(ServiceUnavailable) as aborted:
+        await reader
+    assert aborted.value.code == "memory_pressure" and aborted.value.headers["Retry-After"]
+    await completion.aclose()
+    assert core.pool.entries["a"].leases == 0
+    assert core.events()[-1] == ("abort_requests", "requests_aborted", "a")
+
+
+async def test_model_defaults_apply_when_the_request_leaves_them_out(models):
+    core = Core(models, specs={"a": Spec(tokens=100)})
+    core.pool.apply_settings("a", {"max_tokens": 5})
+    assert len(await core.complete("a")) == 5
+    assert len(await core.complete("a", max_tokens=2)) == 2
