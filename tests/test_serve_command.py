@@ -26,6 +26,22 @@ def _models_dir(tmp_path, demo_model_dir):
     return models
 
 
+def _home_with(migrated_db, tmp_path, sql: str):
+    """A data folder holding a migrated database changed by `sql`."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "omlx.sqlite3").write_bytes(migrated_db.read_bytes())
+    with sqlite3.connect(home / "omlx.sqlite3") as db:
+        db.execute(sql)
+    return home
+
+
+def _one_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
 def _serve(env, timeout=60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "manage.py", "serve", "--port", str(free_port())], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
@@ -57,16 +73,12 @@ def test_serve_on_an_empty_home_migrates_and_pins_through_the_api(tmp_path, demo
 
 
 def test_a_database_from_a_newer_version_stops_serve_with_one_line(tmp_path, migrated_db):
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "omlx.sqlite3").write_bytes(migrated_db.read_bytes())
-    with sqlite3.connect(home / "omlx.sqlite3") as db:
-        db.execute("insert into django_migrations (app, name, applied) values ('pool', '9999_future', '2030-01-01')")
+    home = _home_with(migrated_db, tmp_path, "insert into django_migrations (app, name, applied) "
+                                             "values ('pool', '9999_future', '2030-01-01')")
     result = _serve(_env(home))
     assert result.returncode != 0
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert "pool.9999_future" in lines[0] and "newer" in lines[0]
+    line = _one_line(result.stderr)
+    assert "pool.9999_future" in line and "newer" in line
 
 
 def test_a_data_folder_that_cannot_be_created_stops_serve_with_one_line(tmp_path):
@@ -74,19 +86,13 @@ def test_a_data_folder_that_cannot_be_created_stops_serve_with_one_line(tmp_path
     blocker.write_text("not a folder")
     result = _serve(_env(blocker / "home"))
     assert result.returncode != 0
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert "database" in lines[0] and str(blocker) in lines[0]
+    line = _one_line(result.stderr)
+    assert "database" in line and str(blocker) in line
 
 
 def test_health_is_503_with_the_reason_when_the_runtime_cannot_start(tmp_path, migrated_db):
     """Migrations recorded as applied but a table gone: serve listens, and says why it cannot serve."""
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "omlx.sqlite3").write_bytes(migrated_db.read_bytes())
-    with sqlite3.connect(home / "omlx.sqlite3") as db:
-        db.execute("drop table pool_modelsettings")
-    env = _env(home)
+    env = _env(_home_with(migrated_db, tmp_path, "drop table pool_modelsettings"))
     port = free_port()
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(port)], cwd=ROOT, env=env,
