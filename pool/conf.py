@@ -118,6 +118,9 @@ SETTINGS: list[Setting] = [
     Setting("OMLX_ADMISSION_WAIT", "30", parse_duration, "seconds a new request may wait while admission is paused"),
     Setting("OMLX_ADMISSION_QUEUE", "32", non_negative_int, "requests that may wait while admission is paused"),
     Setting("OMLX_TELEMETRY_DAYS", "7", float, "days of enforcer telemetry kept"),
+    Setting("OMLX_PROMPT_CACHE_BYTES", "auto", size_or_keyword("auto", "off"),
+            "each loaded model's prefix (prompt) cache cap: a size, `auto` = a tenth of the model budget, or `off`"),
+    Setting("OMLX_PROMPT_CACHE_ENTRIES", "10", non_negative_int, "at most this many prompt cache entries per model"),
     Setting("OMLX_MEMORY_PROBE", "real", choice("real", "fake"),
             "`fake` reads memory from $OMLX_HOME/fake_probe.json (tests only)"),
 ]

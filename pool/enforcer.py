@@ -113,6 +113,7 @@ class ProcessMemoryEnforcer:
         reading, applied = seen, ()
         decision = decide(self._readings(reading), self.pool.views(), over_ceiling_polls=self.over_ceiling_polls,
                           reclaimed=False)
+        await self.pool.walk_cache_cap(decision.level)
         seen_row = self._telemetry_row(seen_at, seen, decision.level)
         if any(a.kind == ActionKind.RECLAIM for a in decision.actions):
             await self._apply(decision, reading)
@@ -153,7 +154,7 @@ class ProcessMemoryEnforcer:
     async def _apply(self, decision: TickDecision, reading) -> None:
         for action in decision.actions:
             if action.kind == ActionKind.RECLAIM:
-                await self.pool.reclaim_caches()
+                await self.pool.reclaim_caches(target_usage=self.lines.soft - 1)
             elif action.kind == ActionKind.UNLOAD:
                 await self.pool.evict(action.model, reason=action.reason or Reason.PRESSURE_SOFT,
                                       detail=f"memory pressure ({decision.level})")

@@ -17,24 +17,24 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .discovery import discover
-from .engines.types import EngineLike, LoadAborted as EngineLoadAborted
+from .engines.types import CacheStats, EngineLike, LoadAborted as EngineLoadAborted
 from .errors import InsufficientMemory, LoadAborted, ModelBusy, ModelNotFound, ModelTooLarge, ModelUnavailable
 from .events import EventLog
 from .memory import MemoryReading
 from .names import resolve_name
 from .policy import idle
 from .policy.admission import AdmissionPlan, ModelView, auto_model_budget, plan_admission
-from .policy.units import format_bytes
 from .policy.vocabulary import ActionKind, Change, ModelState, Reason, Refusal
+from .relief import Relief
 
 log = logging.getLogger(__name__)
 
 State = ModelState
 
 
-def _default_engine_factory(model_id: str, path: Path) -> EngineLike:
+def _default_engine_factory(model_id: str, path: Path, **options) -> EngineLike:
     from .engines.engine import Engine  # MLX is imported only when a real engine is made
-    return Engine(model_id, path)
+    return Engine(model_id, path, **options)
 
 
 @dataclass
@@ -70,9 +70,9 @@ class Entry:
         return bool(self.settings.get("is_hidden"))
 
 
-class EnginePool:
+class EnginePool(Relief):
     def __init__(self, settings, probe, *, clock: Callable[[], float] = time.time, events: EventLog | None = None,
-                 engine_factory: Callable[[str, Path], EngineLike] = _default_engine_factory):
+                 engine_factory: Callable[..., EngineLike] = _default_engine_factory):
         self.conf = settings
         self.probe = probe
         self.clock = clock
@@ -81,6 +81,7 @@ class EnginePool:
         self.entries: dict[str, Entry] = {}
         self.loads_total = 0
         self.load_seconds_total = 0.0
+        self.cache_fraction = 1.0      # of the configured prompt cache cap; memory pressure walks it
         self._tasks: set[asyncio.Task] = set()
 
     # ---- discovery and settings -------------------------------------------------------------
@@ -152,6 +153,24 @@ class EnginePool:
         engine = self.entries[model_id].engine
         return engine.model_info if engine is not None else {}
 
+    def prompt_cache_cap(self) -> int:
+        """Each model's prompt cache cap as configured (0 = off), before pressure walks it."""
+        value = self.conf.prompt_cache_bytes
+        if value == "off" or not self.conf.prompt_cache_entries:
+            return 0
+        if value == "auto":
+            budget = self.budget()
+            return (budget if budget is not None else auto_model_budget(self.probe.read().capacity)) // 10
+        return int(value)
+
+    def cache_stats(self, model_id: str) -> CacheStats | None:
+        entry = self.entries[model_id]
+        return entry.engine.cache_stats if entry.state == State.LOADED and entry.engine is not None else None
+
+    def prompt_cache_bytes(self) -> int:
+        """What every loaded model's prompt cache holds: free to drop, so reclaimable."""
+        return sum(s.prompt_cache_bytes for s in map(self.cache_stats, list(self.entries)) if s is not None)
+
     # ---- requests ----------------------------------------------------------------------------
 
     @asynccontextmanager
@@ -202,7 +221,9 @@ class EnginePool:
             error = ModelTooLarge if plan.code == Refusal.MODEL_TOO_LARGE else InsufficientMemory
             raise error(plan.message, code=plan.code, param="model", blockers=list(plan.blockers))
         # made now, not when the victims are gone: an abort must reach the load at any point
-        entry.engine = self.engine_factory(entry.id, entry.path)
+        entry.engine = self.engine_factory(entry.id, entry.path,
+                                           prompt_cache_bytes=int(self.prompt_cache_cap() * self.cache_fraction),
+                                           prompt_cache_entries=self.conf.prompt_cache_entries)
         entry.state, entry.load_started_at, entry.failure = State.LOADING, self.clock(), None
         entry.load_note = "" if plan.with_headroom else "loaded without KV headroom: it fits only without it"
         entry._load_future = asyncio.get_running_loop().create_future()
@@ -300,56 +321,6 @@ class EnginePool:
 
     def next_expiry_in(self) -> float | None:
         return idle.next_expiry_in(self.views(), self.clock())
-
-    # ---- what the enforcer does, each an event -------------------------------------------------
-    # A decision names models by id; one that was re-discovered away meanwhile is left alone.
-
-    async def evict(self, model_id: str, *, reason: Reason, detail: str = "") -> None:
-        """Unload an idle model (the enforcer's decision already checked it may go)."""
-        if (entry := self.entries.get(model_id)) is not None:
-            await self._unload(entry, reason=reason, detail=detail)
-
-    async def abort_load(self, model_id: str, *, reason: Reason, detail: str) -> None:
-        entry = self.entries.get(model_id)
-        if entry is not None and entry.state == State.LOADING and entry.engine is not None:
-            entry.engine.abort_load = True
-            await self._event(ActionKind.ABORT_LOAD, reason, entry, detail)
-
-    async def abort_requests(self, model_id: str, *, reason: Reason, message: str, code: str) -> None:
-        """End the model's running requests with `message`; the model stays loaded."""
-        entry = self.entries.get(model_id)
-        if entry is None or entry.engine is None:
-            return
-        entry.engine.abort_all(message, code)
-        await self._event(ActionKind.ABORT_REQUESTS, reason, entry,
-                          f"{entry.leases} request(s) of '{entry.id}' aborted: {message}")
-
-    async def mark_for_unload(self, model_id: str, *, reason: Reason) -> None:
-        if (entry := self.entries.get(model_id)) is None:
-            return
-        entry.marked_for_unload = reason
-        await self._event(ActionKind.MARK_UNLOAD, reason, entry,
-                          f"'{entry.id}' will be unloaded when its requests drain")
-
-    async def reclaim_caches(self) -> int:
-        """Free what costs nothing: MLX's buffer cache (process-wide) and glibc's free pages, on an
-        engine thread between its decode steps. Returns the bytes freed."""
-        from .engines.native import reclaim_cache
-
-        before = self.probe.read()
-        engine = next((e.engine for e in self.entries.values() if e.state == State.LOADED and e.engine), None)
-        await (engine.call(reclaim_cache) if engine is not None else asyncio.to_thread(reclaim_cache))
-        after = self.probe.read()
-        freed = max(0, before.usage - after.usage)
-        await self.events.record(action=ActionKind.RECLAIM, reason=Reason.CACHE_RECLAIM, bytes_before=before.usage,
-                                 bytes_after=after.usage, freed_bytes=freed,
-                                 detail=f"MLX cache {format_bytes(before.cache)} -> {format_bytes(after.cache)}")
-        return freed
-
-    async def _event(self, action: ActionKind, reason: Reason, entry: Entry, detail: str) -> None:
-        usage = self.probe.read().usage
-        await self.events.record(action=action, reason=reason, model_id=entry.id, estimated_bytes=entry.size_bytes,
-                                 bytes_before=usage, bytes_after=usage, detail=detail)
 
     # ---- start and stop ----------------------------------------------------------------------
 

@@ -35,6 +35,29 @@ MEMORY_GAUGES = (
 )
 
 
+# (metric name, key of a snapshot model row, help): per loaded model
+KV_GAUGES = (
+    ("model_kv_bytes", "kv_bytes", "Live KV cache of the model's running requests."),
+    ("prompt_cache_bytes", "prompt_cache_bytes", "The model's prefix (prompt) cache."),
+    ("prompt_cache_entries", "prompt_cache_entries", "Entries in the model's prompt cache."),
+    ("prompt_cache_cap_bytes", "prompt_cache_cap_bytes", "The prompt cache's cap, as memory pressure walks it."),
+)
+KV_COUNTERS = (
+    ("prompt_cache_hits", "prompt_cache_hits", "Requests that reused a cached prefix, since the model loaded."),
+    ("prompt_cache_misses", "prompt_cache_misses", "Requests that found no cached prefix, since the model loaded."),
+    ("prompt_tokens_saved", "prompt_tokens_saved", "Prompt tokens taken from the cache, since the model loaded."),
+)
+
+
+def _per_model(models: list[dict], rows, family):
+    for name, key, doc in rows:
+        metric = family(name, doc, labels=["model"])
+        for m in models:
+            if m.get(key) is not None:
+                metric.add_metric([m["id"]], m[key])
+        yield metric
+
+
 class Metrics:
     def __init__(self, pool, snapshot: Callable[[], dict[str, Any]]):
         self.pool = pool
@@ -109,6 +132,8 @@ class _SnapshotCollector:
             if m["measured_bytes"] is not None:
                 footprint.add_metric([m["id"]], m["measured_bytes"])
         yield from (states, active, footprint)
+        yield from _per_model(models, KV_GAUGES, GaugeMetricFamily)
+        yield from _per_model(models, KV_COUNTERS, CounterMetricFamily)
 
         yield CounterMetricFamily("model_loads", "Model loads completed.", value=self.pool.loads_total)
         yield CounterMetricFamily("model_load_seconds", "Seconds spent in completed model loads.",

@@ -41,6 +41,7 @@ class Runtime:
         self.probe = make_probe(self.settings)
         self.events = EventLog(recorder=record_event)
         self.pool = EnginePool(self.settings, self.probe, events=self.events)
+        self.probe.prompt_cache_bytes = self.pool.prompt_cache_bytes   # reclaimable, for the enforcer
         self.metrics = Metrics(self.pool, snapshot=self.snapshot)
         self.admission = Admission(self.settings, self.probe, on_reject=self.metrics.admission_rejected)
         self.serving = Serving(self.pool, self.admission)

@@ -33,6 +33,7 @@ class CompletionSpec:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     keep_alive: float | None = None
+    cache_prompt: bool = True
 
     @property
     def prompt_param(self) -> str:
@@ -104,4 +105,5 @@ def _sampling(spec: CompletionSpec, defaults: dict) -> SamplingParams:
         return defaults.get(name) if defaults.get(name) is not None else fallback
     return SamplingParams(max_tokens=int(pick(spec.max_tokens, "max_tokens", DEFAULT_MAX_TOKENS)),
                           temperature=float(pick(spec.temperature, "temperature", 0.0)),
-                          top_p=float(pick(spec.top_p, "top_p", 1.0)), stop=spec.stop, seed=spec.seed)
+                          top_p=float(pick(spec.top_p, "top_p", 1.0)), stop=spec.stop, seed=spec.seed,
+                          cache_prompt=spec.cache_prompt)

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from .engines.types import CacheStats
 from .policy.admission import ModelView, lru_ranks
 from .policy.idle import ttl_remaining
 from .policy.vocabulary import ModelState
 
 
-def model_row(entry, view: ModelView, rank: int | None, now: float) -> dict[str, Any]:
+CACHE_FIELDS = ("kv_bytes", "prompt_cache_bytes", "prompt_cache_entries", "prompt_cache_cap_bytes")
+COUNTER_FIELDS = {"prompt_cache_hits": "hits", "prompt_cache_misses": "misses", "prompt_tokens_saved": "tokens_saved"}
+
+
+def model_row(entry, view: ModelView, rank: int | None, now: float, cache: CacheStats | None) -> dict[str, Any]:
     loaded = entry.state == ModelState.LOADED
     return {
         "id": entry.id,
@@ -32,6 +37,9 @@ def model_row(entry, view: ModelView, rank: int | None, now: float) -> dict[str,
         "load_note": entry.load_note,
         "failure": entry.failure,
         "marked_for_unload": entry.marked_for_unload,
+        # KV memory beside the weights: live requests' KV and the prefix cache (loaded models only)
+        **{name: getattr(cache, name) if cache else None for name in CACHE_FIELDS},
+        **{name: getattr(cache, field) if cache else None for name, field in COUNTER_FIELDS.items()},
     }
 
 
@@ -45,7 +53,7 @@ def build(pool, reading, enforcer_state: dict[str, Any] | None = None) -> dict[s
     ranks = lru_ranks(list(views.values()))
     order = sorted(pool.entries.values(),
                    key=lambda e: (ranks.get(e.id, len(ranks)), e.state != ModelState.LOADED, -e.last_access, e.id))
-    models = [model_row(e, views[e.id], ranks.get(e.id), now) for e in order]
+    models = [model_row(e, views[e.id], ranks.get(e.id), now, pool.cache_stats(e.id)) for e in order]
     resident = [v for v in views.values() if v.resident]
     memory = {
         "model_budget_bytes": pool.budget(reading),
@@ -58,6 +66,9 @@ def build(pool, reading, enforcer_state: dict[str, Any] | None = None) -> dict[s
         "available_bytes": reading.available,
         "usage_bytes": reading.usage,
         "reclaimable_bytes": reading.reclaimable,
+        "kv_bytes": sum(m["kv_bytes"] or 0 for m in models),
+        "prompt_cache_bytes": sum(m["prompt_cache_bytes"] or 0 for m in models),
+        "prompt_cache_cap_fraction": pool.cache_fraction,
     }
     memory.update(enforcer_state or {})
     return {"type": "snapshot", "time": now, "models": models, "memory": memory,

@@ -10,7 +10,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pool.engines.types import Chunk, LoadAborted, LoadResult, ReleaseResult, RequestAborted, SamplingParams
+from pool.engines.types import (CacheStats, Chunk, LoadAborted, LoadResult, ReleaseResult, RequestAborted,
+                                SamplingParams)
 from pool.memory import MemoryReading
 
 MODEL_INFO = {"layers": 2, "kv_heads": 1, "head_dim": 4, "bytes_per_element": 2, "context_length": 256}
@@ -29,14 +30,16 @@ class Clock:
 
 @dataclass
 class Memory:
-    """What the fake probe reports: a base, plus what the fake engines hold, plus MLX's cache."""
+    """What the fake probe reports: a base, plus what the fake engines hold (weights and prompt
+    caches), plus MLX's cache."""
     base: int = 0
     cache: int = 0
     total: int = 64 * 2**30
-    held: dict[str, int] = field(default_factory=dict)   # model id -> bytes its engine holds
+    held: dict[str, int] = field(default_factory=dict)   # model id -> bytes its engine's weights hold
+    prompt_caches: dict[str, int] = field(default_factory=dict)   # model id -> its prompt cache's bytes
 
     def usage(self) -> int:
-        return self.base + sum(self.held.values()) + self.cache
+        return self.base + sum(self.held.values()) + sum(self.prompt_caches.values()) + self.cache
 
 
 class FakeProbe:
@@ -45,19 +48,38 @@ class FakeProbe:
 
     def read(self) -> MemoryReading:
         m = self.memory
-        active = m.base + sum(m.held.values())
+        active = m.base + sum(m.held.values()) + sum(m.prompt_caches.values())
         return MemoryReading(active=active, cache=m.cache, peak=active, rss=0, total=m.total,
-                             available=m.total - m.usage())
+                             available=m.total - m.usage(), prompt_cache=sum(m.prompt_caches.values()))
 
 
 class FakeEngine:
     """Loads in `load_seconds` (abortable), streams `tokens` chunks of "t " `token_seconds` apart."""
 
-    def __init__(self, model_id: str, path: Path, factory: "FakeEngines"):
+    def __init__(self, model_id: str, path: Path, factory: "FakeEngines", *, prompt_cache_bytes: int = 0,
+                 prompt_cache_entries: int = 10):
         self.model_id, self.path, self.factory = model_id, path, factory
         self.abort_load = False
         self.model_info: dict = {}
+        self.prompt_cache_cap = prompt_cache_bytes
         self._running: set[asyncio.Queue] = set()
+
+    @property
+    def cache_stats(self) -> CacheStats:
+        held = self.factory.memory.prompt_caches.get(self.model_id, 0)
+        return CacheStats(prompt_cache_bytes=held, prompt_cache_entries=int(held > 0),
+                          prompt_cache_cap_bytes=self.prompt_cache_cap)
+
+    def fill_prompt_cache(self, nbytes: int) -> None:
+        """What finished requests would have stored (a test sets it), within the cap."""
+        self.factory.memory.prompt_caches[self.model_id] = min(nbytes, self.prompt_cache_cap)
+
+    async def shrink_prompt_cache(self, *, cap_bytes: int, free_bytes: int = 0) -> int:
+        self.prompt_cache_cap = cap_bytes
+        held = self.factory.memory.prompt_caches.get(self.model_id, 0)
+        keep = max(0, min(cap_bytes, held - free_bytes))
+        self.factory.memory.prompt_caches[self.model_id] = keep
+        return held - keep
 
     async def load(self) -> LoadResult:
         spec = self.factory.spec(self.model_id)
@@ -80,7 +102,7 @@ class FakeEngine:
 
     async def stop(self, message: str = "the model was unloaded") -> ReleaseResult:
         self.abort_all(message, "model_unloaded")
-        held = self.factory.memory.held.pop(self.model_id, 0)
+        held = self.factory.memory.held.pop(self.model_id, 0) + self.factory.memory.prompt_caches.pop(self.model_id, 0)
         return ReleaseResult(active_before=held, active_after=0, rss_before=held, rss_after=0)
 
     async def call(self, fn):
@@ -144,8 +166,8 @@ class FakeEngines:
     def memory_bytes(self, model_id: str, path: Path) -> int:
         return json.loads((path / "config.json").read_text()).get("fake_bytes", 0)
 
-    def __call__(self, model_id: str, path: Path) -> FakeEngine:
-        engine = FakeEngine(model_id, path, self)
+    def __call__(self, model_id: str, path: Path, **options) -> FakeEngine:
+        engine = FakeEngine(model_id, path, self, **options)
         self.engines[model_id] = engine
         return engine
 

@@ -94,9 +94,10 @@ class _Shape:
         return {**self._base(True), "choices": [], "usage": usage}
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def _usage(chunk) -> dict:
+    return {"prompt_tokens": chunk.prompt_tokens, "completion_tokens": chunk.completion_tokens,
+            "total_tokens": chunk.prompt_tokens + chunk.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": chunk.cached_tokens}}
 
 
 async def _collect(completion: Completion, shape: _Shape) -> dict:
@@ -104,7 +105,7 @@ async def _collect(completion: Completion, shape: _Shape) -> dict:
     async for chunk in completion.chunks():
         parts.append(chunk.text)
         last = chunk
-    return shape.body("".join(parts), last.finish_reason, _usage(last.prompt_tokens, last.completion_tokens))
+    return shape.body("".join(parts), last.finish_reason, _usage(last))
 
 
 def _sse(obj) -> bytes:
@@ -124,7 +125,7 @@ async def _stream(completion: Completion, shape: _Shape, include_usage: bool):
                 if chunk.finish_reason is not None:
                     yield _sse(shape.chunk(None, chunk.finish_reason))
                     if include_usage:
-                        yield _sse(shape.usage_chunk(_usage(chunk.prompt_tokens, chunk.completion_tokens)))
+                        yield _sse(shape.usage_chunk(_usage(chunk)))
         except PoolError as e:
             yield sse_error(e)
         yield b"data: [DONE]\n\n"

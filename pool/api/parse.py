@@ -59,6 +59,13 @@ def _int(body, name, *, minimum):
     return value
 
 
+def _flag(body, name: str, *, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise BadRequest(f"'{name}' must be true or false", param=name)
+    return value
+
+
 def _stop(body) -> tuple[str, ...]:
     value = body.get("stop")
     if value is None:
@@ -132,9 +139,7 @@ def parse_completion(body: dict, *, chat: bool) -> CompletionRequest:
     n = body.get("n", 1)
     if n != 1:
         raise BadRequest("only n=1 is supported", param="n")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise BadRequest("'stream' must be true or false", param="stream")
+    stream = _flag(body, "stream", default=False)
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise BadRequest("'stream_options' must be an object", param="stream_options")
@@ -151,5 +156,6 @@ def parse_completion(body: dict, *, chat: bool) -> CompletionRequest:
         stop=_stop(body),
         seed=_int(body, "seed", minimum=-(2**63)),
         keep_alive=_keep_alive(body),
+        cache_prompt=_flag(body, "cache_prompt", default=True),
     )
-    return CompletionRequest(spec=spec, stream=stream, include_usage=bool(options.get("include_usage")))
+    return CompletionRequest(spec=spec, stream=stream, include_usage=_flag(options, "include_usage", default=False))

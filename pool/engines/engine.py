@@ -24,8 +24,9 @@ from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import load_model, load_tokenizer
 
 from .native import release_memory
+from .prompt_cache import PromptCache
 from .stops import find_stop, holdback
-from .types import (Chunk, EngineError, LoadAborted, LoadResult, ReleaseResult, RequestAborted,
+from .types import (CacheStats, Chunk, EngineError, LoadAborted, LoadResult, ReleaseResult, RequestAborted,
                     SamplingParams)
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class _Request:
     detokenizer: Any = None
     text: str = ""          # decoded so far, not yet emitted
     generated: int = 0
+    cached_tokens: int = 0  # prompt tokens taken from the prompt cache
     done: bool = False
 
     def emit(self, item: Chunk | BaseException) -> None:
@@ -101,9 +103,12 @@ def _model_info(model, config: dict) -> dict:
 class Engine:
     """Owns one model on one thread. Every public coroutine is safe to call from the event loop."""
 
-    def __init__(self, model_id: str, path: Path):
+    def __init__(self, model_id: str, path: Path, *, prompt_cache_bytes: int = 0, prompt_cache_entries: int = 10):
         self.model_id = model_id
         self.path = Path(path)
+        self._prompt_cache = (PromptCache(max_bytes=prompt_cache_bytes, max_entries=prompt_cache_entries)
+                              if prompt_cache_bytes > 0 and prompt_cache_entries > 0 else None)
+        self.cache_stats = CacheStats()
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._model = None
@@ -137,6 +142,11 @@ class Engine:
     async def call(self, fn: Callable[[], Any]) -> Any:
         """Run fn on the engine thread between decode steps (MLX work that must not leave it)."""
         return await self._send("call", fn=fn)
+
+    async def shrink_prompt_cache(self, *, cap_bytes: int, free_bytes: int = 0) -> int:
+        """Set the prompt cache's cap, and drop least recently used entries until `free_bytes` more
+        are freed; returns the bytes freed."""
+        return await self.call(lambda: self._shrink_prompt_cache(cap_bytes, free_bytes))
 
     def abort_all(self, message: str, code: str = "request_aborted") -> None:
         """End every running request with `RequestAborted(message, code)`; the model stays loaded."""
@@ -262,9 +272,13 @@ class Engine:
         p = req.params
         if p.seed is not None:
             mx.random.seed(p.seed)
+        cache = None
+        if p.cache_prompt and self._prompt_cache is not None:
+            cache, req.cached_tokens = self._prompt_cache.fetch(req.tokens)
         try:
             (req.uid,) = self._generator.insert(
-                [req.tokens], max_tokens=[p.max_tokens],
+                [req.tokens[req.cached_tokens:]], max_tokens=[p.max_tokens], caches=[cache],
+                all_tokens=[req.tokens[:req.cached_tokens]],
                 samplers=[make_sampler(temp=p.temperature, top_p=p.top_p if p.top_p < 1.0 else 0.0)])
         except Exception as e:  # noqa: BLE001
             req.done = True
@@ -274,11 +288,17 @@ class Engine:
         self._requests[req.uid] = req
         self.active_requests = len(self._requests)
 
-    def _remove(self, req: _Request) -> None:
+    def _remove(self, req: _Request, *, keep_cache: bool = False) -> None:
         if req.uid is not None and self._requests.pop(req.uid, None) is not None:
-            self._generator.remove([req.uid])
+            caches = self._generator.remove([req.uid], return_prompt_caches=keep_cache)
+            if req.uid in caches:
+                self._store(req, *caches[req.uid])
         req.done = True
         self.active_requests = len(self._requests)
+
+    def _store(self, req: _Request, cache, tokens) -> None:
+        if req.params.cache_prompt and self._prompt_cache is not None and cache:
+            self._prompt_cache.store(list(tokens), cache)
 
     def _abort_all(self, error: BaseException) -> None:
         for req in list(self._requests.values()):
@@ -296,7 +316,28 @@ class Engine:
         for r in responses:
             req = self._requests.get(r.uid)
             if req is not None:
+                if r.finish_reason is not None:
+                    self._store(req, r.prompt_cache, r.all_tokens)
                 self._deliver(req, r.token, r.finish_reason)
+        self._update_cache_stats()
+
+    def _update_cache_stats(self) -> None:
+        pc = self._prompt_cache
+        kv = self._generator.prompt_cache_nbytes if self._requests else 0
+        self.cache_stats = CacheStats(kv_bytes=kv) if pc is None else CacheStats(
+            kv_bytes=kv, prompt_cache_bytes=pc.nbytes, prompt_cache_entries=pc.entries,
+            prompt_cache_cap_bytes=pc.cap_bytes, hits=pc.stats.hits, misses=pc.stats.misses,
+            tokens_saved=pc.stats.tokens_saved)
+
+    def _shrink_prompt_cache(self, cap_bytes: int, free_bytes: int) -> int:
+        pc = self._prompt_cache
+        if pc is None:
+            return 0
+        freed = pc.set_cap(cap_bytes)
+        if free_bytes > freed:
+            freed += pc.trim(pc.nbytes - (free_bytes - freed))
+        self._update_cache_stats()
+        return freed
 
     def _deliver(self, req: _Request, token: int, finish_reason: str | None) -> None:
         detok = req.detokenizer
@@ -307,6 +348,7 @@ class Engine:
             detok.finalize()
         req.text += detok.last_segment
         stop_at = find_stop(req.text, req.params.stop)
+        stopped_here = stop_at is not None and finish_reason is None
         if stop_at is not None:
             req.text, finish_reason = req.text[:stop_at], "stop"
         if finish_reason is None:
@@ -315,13 +357,15 @@ class Engine:
             if emit:
                 req.emit(Chunk(emit))
             return
-        req.emit(Chunk(req.text, finish_reason, len(req.tokens), req.generated))
+        req.emit(Chunk(req.text, finish_reason, len(req.tokens), req.generated, req.cached_tokens))
         req.text = ""
-        self._remove(req)
+        self._remove(req, keep_cache=stopped_here)   # a stop string ends it before the generator does
 
     def _release(self, cmd: _Command) -> None:
         rss_before, active_before = _rss(), mx.get_active_memory()
         self._abort_all(RequestAborted(cmd.message or "the model was unloaded", "model_unloaded"))
+        if self._prompt_cache is not None:
+            self._prompt_cache.clear()
         mx.synchronize(generation_stream)  # mlx-lm's look-ahead step still holds arrays
         self._drop_model()
         _resolve(cmd, ReleaseResult(active_before, mx.get_active_memory(), rss_before, _rss()))

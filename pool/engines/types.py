@@ -33,6 +33,7 @@ class SamplingParams:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    cache_prompt: bool = True      # reuse and store prefix KV in the model's prompt cache
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class Chunk:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0         # prompt tokens whose KV came from the prompt cache
 
 
 @dataclass(frozen=True)
@@ -63,15 +65,30 @@ class ReleaseResult:
         return max(0, self.active_before - self.active_after)
 
 
+@dataclass(frozen=True)
+class CacheStats:
+    """One engine's KV memory, as the snapshot shows it (read from the loop, written by the thread)."""
+    kv_bytes: int = 0                 # live KV of its running requests
+    prompt_cache_bytes: int = 0
+    prompt_cache_entries: int = 0
+    prompt_cache_cap_bytes: int = 0
+    hits: int = 0
+    misses: int = 0
+    tokens_saved: int = 0
+
+
 class EngineLike(Protocol):
     model_id: str
     abort_load: bool
     model_info: dict   # layers, kv_heads, head_dim, bytes_per_element, context_length
+    cache_stats: CacheStats
 
-    def __init__(self, model_id: str, path: Path): ...
+    def __init__(self, model_id: str, path: Path, *, prompt_cache_bytes: int = 0,
+                 prompt_cache_entries: int = 10): ...
     async def load(self) -> LoadResult: ...
     async def stop(self, message: str = ...) -> ReleaseResult: ...
     async def call(self, fn: Callable[[], Any]) -> Any: ...
+    async def shrink_prompt_cache(self, *, cap_bytes: int, free_bytes: int = 0) -> int: ...
     def abort_all(self, message: str, code: str = ...) -> None: ...
     def encode_chat(self, messages: list[dict]) -> list[int]: ...
     def encode_text(self, prompt: str) -> list[int]: ...

@@ -189,6 +189,19 @@ def _emergency_aborts(models: list[ModelView]) -> list[Action]:
     return actions
 
 
+# --- the prompt cache cap ----------------------------------------------------------------------
+
+MIN_CACHE_FRACTION = 1 / 64
+
+
+def next_cache_fraction(fraction: float, level: Level) -> float:
+    """oMLX's store-cache cap walk, one step per tick: the prompt caches' cap (a fraction of the
+    configured one) halves under pressure and doubles back towards it when memory is ok."""
+    if level == Level.OK:
+        return min(1.0, fraction * 2)
+    return max(MIN_CACHE_FRACTION, fraction / 2)
+
+
 # --- polling -----------------------------------------------------------------------------------
 
 

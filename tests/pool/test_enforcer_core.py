@@ -143,3 +143,43 @@ async def test_the_prefill_guard_refuses_a_prompt_whose_kv_cannot_fit(models):
     assert refused.value.extra["estimated_bytes"] == 600 * MB
     assert core.pool.entries["a"].leases == 0
     assert len(await core.complete("a")) == 3                            # a short prompt still runs
+
+
+async def test_shrinking_prompt_caches_takes_hard_to_soft_without_unloading(models):
+    core = Core(models, memory_ceiling=CEILING, prompt_cache_bytes=300 * MB)
+    await loaded(core, "a")
+    core.engines.engines["a"].fill_prompt_cache(50 * MB)
+    core.memory.base = 830 * MB                                          # 980 MB with a's cache: hard
+    decision = await core.enforcer.tick()
+    assert [a.kind for a in decision.actions] == ["reclaim"]
+    assert core.memory.prompt_caches["a"] == 0                           # all of it, and still not under soft
+    assert core.enforcer.level == "soft" and core.admission.paused
+    assert core.states()["a"] == "loaded"                                # the last unpinned model stays
+    assert core.events() == [("reclaim", "cache_reclaim", "a"), ("reclaim", "cache_reclaim", "")]
+    assert core.pool.events.recent[0]["freed_bytes"] == 50 * MB
+
+
+async def test_the_cache_shrinks_only_as_far_as_needed_least_recently_used_model_first(models):
+    core = Core(models, memory_ceiling=CEILING, prompt_cache_bytes=300 * MB)
+    await loaded(core, "a", "b")                                         # a used less recently
+    core.engines.engines["a"].fill_prompt_cache(100 * MB)
+    core.engines.engines["b"].fill_prompt_cache(100 * MB)
+    core.memory.base = 560 * MB                                          # 960 MB: hard; 60 MB must go
+    await core.enforcer.tick()
+    assert core.memory.prompt_caches == {"a": 40 * MB - 1, "b": 100 * MB}
+    assert core.enforcer.level == "ok" and core.states()["a"] == core.states()["b"] == "loaded"
+
+
+async def test_pressure_walks_the_prompt_cache_cap_down_and_back_up(models):
+    core = Core(models, memory_ceiling=CEILING, prompt_cache_bytes=80 * MB)
+    await loaded(core, "a", "b")
+    engine = core.engines.engines["a"]
+    caps = []
+    for base in (720, 720, 720, 0, 0, 0):                                # soft x3, then ok
+        core.memory.base = base * MB
+        for name in "ab":                                                # busy: soft evicts neither
+            core.pool.entries[name].leases = 1 if base else 0
+        await core.enforcer.tick()
+        caps.append(engine.prompt_cache_cap // MB)
+    assert caps == [40, 20, 10, 20, 40, 80]
+    assert core.states() == {"a": "loaded", "b": "loaded", "c": "unloaded"}

@@ -1,0 +1,96 @@
+"""One model's prefix (prompt) cache, on its engine thread: mlx-lm's LRUPromptCache, bounded by a
+cap that memory pressure moves, with the counters the snapshot shows.
+
+A request takes the longest cached prefix of its tokens (an exact entry, a shorter one, or a longer
+one trimmed: LRUPromptCache's own search) as a private deep copy, so concurrent requests never
+share mutable KV. A finished request stores its prompt + completion KV, so the next turn of the
+same chat starts from it. Entries pushed out for space go to the disk tier when there is one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from mlx_lm.models.cache import LRUPromptCache, PromptTrie, trim_prompt_cache
+
+KEY = "model"   # LRUPromptCache keys entries by model too; one store serves one model
+
+
+@dataclass
+class PromptCacheStats:
+    hits: int = 0
+    misses: int = 0
+    tokens_saved: int = 0
+
+
+class _EvictionTrie(PromptTrie):
+    """PromptTrie whose `pop` (LRUPromptCache's only way to drop an entry for space) tells us what
+    went, so it can be written to disk instead of lost."""
+
+    def __init__(self, on_evict: Callable[[list[int], list[Any]], None]):
+        super().__init__()
+        self.on_evict = on_evict
+
+    def pop(self, model, tokens):
+        entry = super().pop(model, tokens)
+        self.on_evict(list(tokens), entry.prompt_cache)
+        return entry
+
+
+class PromptCache:
+    def __init__(self, *, max_bytes: int, max_entries: int,
+                 on_evict: Callable[[list[int], list[Any]], None] | None = None):
+        self.configured_bytes = max_bytes
+        self.max_entries = max_entries
+        self._lru = LRUPromptCache(max_size=max_entries, max_bytes=max_bytes)
+        # the trie is LRUPromptCache's; replacing it is the one hook it offers for its evictions
+        self._lru._trie = _EvictionTrie(on_evict or (lambda tokens, cache: None))
+        self.stats = PromptCacheStats()
+
+    @property
+    def nbytes(self) -> int:
+        return self._lru.nbytes
+
+    @property
+    def entries(self) -> int:
+        return len(self._lru)
+
+    @property
+    def cap_bytes(self) -> int:
+        return self._lru.max_bytes
+
+    def fetch(self, tokens: list[int]) -> tuple[list[Any] | None, int]:
+        """(a private copy of the longest cached prefix's KV, how many tokens it covers). At least
+        one token is always left to compute: the model must see one to give the next logits."""
+        cache, rest = self._lru.fetch_nearest_cache(KEY, tokens)
+        if cache is None:
+            self.stats.misses += 1
+            return None, 0
+        if not rest:
+            trim_prompt_cache(cache, 1)
+            rest = tokens[-1:]
+        cached = len(tokens) - len(rest)
+        self.stats.hits += 1
+        self.stats.tokens_saved += cached
+        return cache, cached
+
+    def store(self, tokens: list[int], cache: list[Any]) -> None:
+        if tokens and cache:
+            self._lru.insert_cache(KEY, list(tokens), cache)
+
+    def set_cap(self, cap_bytes: int) -> int:
+        """Move the cap (memory pressure walks it); entries over it go, least recently used first.
+        Returns the bytes freed."""
+        self._lru.max_bytes = max(0, int(cap_bytes))
+        return self.trim(self._lru.max_bytes)
+
+    def trim(self, to_bytes: int) -> int:
+        """Drop least recently used entries until at most `to_bytes` are held; the bytes freed."""
+        before = self.nbytes
+        self._lru.trim_to(n_bytes=max(0, int(to_bytes)))
+        return before - self.nbytes
+
+    def clear(self) -> int:
+        before = self.nbytes
+        self._lru.trim_to(n_sequences=0)
+        return before

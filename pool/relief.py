@@ -1,0 +1,94 @@
+"""What the memory enforcer does to the pool, each one EnginePool method and each an event: evict,
+abort a load, abort requests, mark for unload, walk the prompt caches' cap, reclaim caches.
+
+A mixin of EnginePool (it works on the pool's entries, probe and event log), kept apart so that
+the pool's own life cycle (leases, loads, unloads) reads on its own."""
+
+from __future__ import annotations
+
+import asyncio
+
+from .policy.pressure import next_cache_fraction
+from .policy.units import format_bytes
+from .policy.vocabulary import ActionKind, Level, ModelState, Reason
+
+
+class Relief:
+    # A decision names models by id; one that was re-discovered away meanwhile is left alone.
+
+    async def evict(self, model_id: str, *, reason: Reason, detail: str = "") -> None:
+        """Unload an idle model (the enforcer's decision already checked it may go)."""
+        if (entry := self.entries.get(model_id)) is not None:
+            await self._unload(entry, reason=reason, detail=detail)
+
+    async def abort_load(self, model_id: str, *, reason: Reason, detail: str) -> None:
+        entry = self.entries.get(model_id)
+        if entry is not None and entry.state == ModelState.LOADING and entry.engine is not None:
+            entry.engine.abort_load = True
+            await self._event(ActionKind.ABORT_LOAD, reason, entry, detail)
+
+    async def abort_requests(self, model_id: str, *, reason: Reason, message: str, code: str) -> None:
+        """End the model's running requests with `message`; the model stays loaded."""
+        entry = self.entries.get(model_id)
+        if entry is None or entry.engine is None:
+            return
+        entry.engine.abort_all(message, code)
+        await self._event(ActionKind.ABORT_REQUESTS, reason, entry,
+                          f"{entry.leases} request(s) of '{entry.id}' aborted: {message}")
+
+    async def mark_for_unload(self, model_id: str, *, reason: Reason) -> None:
+        if (entry := self.entries.get(model_id)) is None:
+            return
+        entry.marked_for_unload = reason
+        await self._event(ActionKind.MARK_UNLOAD, reason, entry,
+                          f"'{entry.id}' will be unloaded when its requests drain")
+
+    async def walk_cache_cap(self, level: Level) -> None:
+        """One step of the prompt caches' cap per enforcer tick (policy.pressure.next_cache_fraction)."""
+        fraction = next_cache_fraction(self.cache_fraction, level)
+        if fraction != self.cache_fraction:
+            self.cache_fraction = fraction
+            await self._shrink_prompt_caches(free_bytes=0)
+
+    async def reclaim_caches(self, *, target_usage: int | None = None) -> int:
+        """Free what costs nothing, cheapest to lose first: prompt cache entries of the least recently
+        used models (down to the walked cap, and further until usage is at most `target_usage`),
+        then MLX's buffer cache and glibc's free pages. Each shrink is an event; returns bytes freed."""
+        from .engines.native import reclaim_cache
+
+        need = max(0, self.probe.read().usage - target_usage) if target_usage is not None else 0
+        freed_caches = await self._shrink_prompt_caches(free_bytes=need)
+        before = self.probe.read()
+        engine = next(iter(self._loaded_engines()), None)
+        await (engine.call(reclaim_cache) if engine is not None else asyncio.to_thread(reclaim_cache))
+        after = self.probe.read()
+        freed = max(0, before.usage - after.usage)
+        await self.events.record(action=ActionKind.RECLAIM, reason=Reason.CACHE_RECLAIM, bytes_before=before.usage,
+                                 bytes_after=after.usage, freed_bytes=freed,
+                                 detail=f"MLX cache {format_bytes(before.cache)} -> {format_bytes(after.cache)}")
+        return freed_caches + freed
+
+    async def _shrink_prompt_caches(self, *, free_bytes: int) -> int:
+        cap = int(self.prompt_cache_cap() * self.cache_fraction)
+        freed_total = 0
+        for entry in sorted(self._loaded_entries(), key=lambda e: (e.last_access, e.id)):
+            before = self.probe.read().usage
+            freed = await entry.engine.shrink_prompt_cache(cap_bytes=cap, free_bytes=max(0, free_bytes - freed_total))
+            if freed:
+                freed_total += freed
+                await self.events.record(action=ActionKind.RECLAIM, reason=Reason.CACHE_RECLAIM, model_id=entry.id,
+                                         freed_bytes=freed, bytes_before=before, bytes_after=self.probe.read().usage,
+                                         detail=f"prompt cache of '{entry.id}' shrunk by {format_bytes(freed)} "
+                                                f"(cap {format_bytes(cap)})")
+        return freed_total
+
+    def _loaded_entries(self) -> list:
+        return [e for e in self.entries.values() if e.state == ModelState.LOADED and e.engine is not None]
+
+    def _loaded_engines(self) -> list:
+        return [e.engine for e in self._loaded_entries()]
+
+    async def _event(self, action: ActionKind, reason: Reason, entry, detail: str) -> None:
+        usage = self.probe.read().usage
+        await self.events.record(action=action, reason=reason, model_id=entry.id, estimated_bytes=entry.size_bytes,
+                                 bytes_before=usage, bytes_after=usage, detail=detail)

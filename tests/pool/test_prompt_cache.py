@@ -1,0 +1,107 @@
+"""The prefix cache: the store over mlx-lm's LRUPromptCache with real KV arrays, then through a real
+server with the demo model (warm output equals cold, the next turn hits, the counters agree)."""
+
+from __future__ import annotations
+
+import threading
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+from prometheus_client.parser import text_string_to_metric_families
+
+from pool.engines.prompt_cache import PromptCache
+
+DEMO = "smollm2-135m-instruct"
+
+
+def kv(tokens: int, layers: int = 2) -> list[KVCache]:
+    caches = [KVCache() for _ in range(layers)]
+    for c in caches:
+        c.update_and_fetch(mx.ones((1, 1, tokens, 8)), mx.ones((1, 1, tokens, 8)))
+    return caches
+
+
+def test_fetch_takes_the_longest_prefix_as_a_private_copy():
+    store = PromptCache(max_bytes=10**9, max_entries=10)
+    store.store(list(range(10)), kv(10))
+    cache, cached = store.fetch(list(range(12)))                 # a shorter entry
+    assert cached == 10 and cache[0].offset == 10
+    cache[0].update_and_fetch(mx.ones((1, 1, 2, 8)), mx.ones((1, 1, 2, 8)))
+    again, cached = store.fetch(list(range(12)))
+    assert cached == 10 and again[0].offset == 10                # the stored entry was not touched
+    trimmed, cached = store.fetch(list(range(5)))                # a longer entry, trimmed
+    assert cached == 4 and trimmed[0].offset == 4               # one token is always left to compute
+    exact, cached = store.fetch(list(range(10)))
+    assert cached == 9
+    assert store.fetch([7, 7, 7]) == (None, 0)
+    assert (store.stats.hits, store.stats.misses, store.stats.tokens_saved) == (4, 1, 33)
+
+
+def test_the_cache_never_holds_more_than_its_cap_or_its_entry_count():
+    one = sum(c.nbytes for c in kv(300))
+    evicted = []
+    store = PromptCache(max_bytes=int(3.5 * one), max_entries=5, on_evict=lambda tokens, cache: evicted.append(tokens[0]))
+    for i in range(12):
+        store.store([1000 + i] + list(range(299)), kv(300))
+        assert store.nbytes <= store.cap_bytes and store.entries <= 5
+    assert store.entries == 3 and evicted == list(range(1000, 1009))   # least recently used first
+    freed = store.set_cap(one)
+    assert freed == 2 * one and store.entries == 1 and store.cap_bytes == one
+    assert store.fetch([1011] + list(range(299)))[1] == 299            # the newest one is kept
+
+
+def _chat(server, messages, **body):
+    r = server.post("/v1/chat/completions", {"model": DEMO, "messages": messages, "max_tokens": 12,
+                                             "temperature": 0, **body})
+    assert r.status_code == 200, r.text
+    reply = r.json()
+    return reply["choices"][0]["message"]["content"], reply["usage"]
+
+
+TURN = [{"role": "user", "content": "The knight and the dragon met at the old stone bridge at dawn. "
+                                    "Tell me what happened next."}]
+
+
+def test_a_warm_prefix_gives_the_cold_answer_and_the_next_turn_hits(start_server):
+    server = start_server()
+    cold, usage = _chat(server, TURN, cache_prompt=False)
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 0
+    assert server.model(DEMO)["prompt_cache_entries"] == 0      # opted out: nothing stored
+    first, usage = _chat(server, TURN)
+    assert first == cold and usage["prompt_tokens_details"]["cached_tokens"] == 0
+    warm, first_turn = _chat(server, TURN)
+    assert warm == cold, (warm, cold)                            # greedy, token for token
+    assert first_turn["prompt_tokens_details"]["cached_tokens"] == first_turn["prompt_tokens"] - 1
+
+    second = TURN + [{"role": "assistant", "content": warm}, {"role": "user", "content": "And then?"}]
+    _, usage = _chat(server, second)
+    # the first turn's prompt and its answer came from the cache; only the new message was read
+    assert usage["prompt_tokens_details"]["cached_tokens"] >= first_turn["prompt_tokens"], usage
+
+    row = server.model(DEMO)
+    assert row["prompt_cache_hits"] == 2 and row["prompt_cache_misses"] == 1
+    assert row["prompt_cache_entries"] >= 1 and 0 < row["prompt_cache_bytes"] <= row["prompt_cache_cap_bytes"]
+    assert row["kv_bytes"] == 0                                  # nothing running
+    memory = server.pool()["memory"]
+    assert memory["prompt_cache_bytes"] == row["prompt_cache_bytes"]
+    assert memory["reclaimable_bytes"] >= memory["prompt_cache_bytes"]
+    samples = {(s.name, s.labels.get("model")): s.value
+               for f in text_string_to_metric_families(server.get("/metrics").text) for s in f.samples}
+    assert samples[("prompt_cache_hits_total", DEMO)] == 2
+    assert samples[("prompt_cache_bytes", DEMO)] == row["prompt_cache_bytes"]
+
+
+def test_concurrent_requests_sharing_a_prefix_do_not_change_each_others_output(start_server):
+    server = start_server()
+    questions = ["What happened next?", "Who won?"]
+    alone = {q: _chat(server, TURN + [{"role": "user", "content": q}], cache_prompt=False)[0] for q in questions}
+    _chat(server, TURN)                                          # stores the shared prefix
+    together = {}
+
+    def ask(q):
+        together[q] = _chat(server, TURN + [{"role": "user", "content": q}])
+    threads = [threading.Thread(target=ask, args=(q,)) for q in questions]
+    [t.start() for t in threads]
+    [t.join(120) for t in threads]
+    assert {q: text for q, (text, _) in together.items()} == alone
+    assert all(usage["prompt_tokens_details"]["cached_tokens"] > 0 for _, usage in together.values())
