@@ -121,6 +121,8 @@ SETTINGS: list[Setting] = [
     Setting("OMLX_PROMPT_CACHE_BYTES", "auto", size_or_keyword("auto", "off"),
             "each loaded model's prefix (prompt) cache cap: a size, `auto` = a tenth of the model budget, or `off`"),
     Setting("OMLX_PROMPT_CACHE_ENTRIES", "10", non_negative_int, "at most this many prompt cache entries per model"),
+    Setting("OMLX_PROMPT_CACHE_DISK_BYTES", "4GB", size_or_keyword("off"),
+            "each model's prompt cache disk tier under $OMLX_HOME/prompt-cache/: a size or `off`"),
     Setting("OMLX_MEMORY_PROBE", "real", choice("real", "fake"),
             "`fake` reads memory from $OMLX_HOME/fake_probe.json (tests only)"),
 ]

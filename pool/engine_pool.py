@@ -163,6 +163,13 @@ class EnginePool(Relief):
             return (budget if budget is not None else auto_model_budget(self.probe.read().capacity)) // 10
         return int(value)
 
+    def _cache_options(self, model_id: str) -> dict[str, Any]:
+        disk = self.conf.prompt_cache_disk_bytes
+        return {"prompt_cache_bytes": int(self.prompt_cache_cap() * self.cache_fraction),
+                "prompt_cache_entries": self.conf.prompt_cache_entries,
+                "prompt_cache_dir": self.conf.home / "prompt-cache" / model_id.replace("/", "--"),
+                "prompt_cache_disk_bytes": 0 if disk == "off" else int(disk)}
+
     def cache_stats(self, model_id: str) -> CacheStats | None:
         entry = self.entries[model_id]
         return entry.engine.cache_stats if entry.state == State.LOADED and entry.engine is not None else None
@@ -221,9 +228,7 @@ class EnginePool(Relief):
             error = ModelTooLarge if plan.code == Refusal.MODEL_TOO_LARGE else InsufficientMemory
             raise error(plan.message, code=plan.code, param="model", blockers=list(plan.blockers))
         # made now, not when the victims are gone: an abort must reach the load at any point
-        entry.engine = self.engine_factory(entry.id, entry.path,
-                                           prompt_cache_bytes=int(self.prompt_cache_cap() * self.cache_fraction),
-                                           prompt_cache_entries=self.conf.prompt_cache_entries)
+        entry.engine = self.engine_factory(entry.id, entry.path, **self._cache_options(entry.id))
         entry.state, entry.load_started_at, entry.failure = State.LOADING, self.clock(), None
         entry.load_note = "" if plan.with_headroom else "loaded without KV headroom: it fits only without it"
         entry._load_future = asyncio.get_running_loop().create_future()

@@ -11,7 +11,9 @@ from .policy.vocabulary import ModelState
 
 
 CACHE_FIELDS = ("kv_bytes", "prompt_cache_bytes", "prompt_cache_entries", "prompt_cache_cap_bytes")
-COUNTER_FIELDS = {"prompt_cache_hits": "hits", "prompt_cache_misses": "misses", "prompt_tokens_saved": "tokens_saved"}
+COUNTER_FIELDS = {"prompt_cache_hits": "hits", "prompt_cache_misses": "misses", "prompt_tokens_saved": "tokens_saved",
+                  "prompt_cache_disk_bytes": "disk_bytes", "prompt_cache_disk_entries": "disk_entries",
+                  "prompt_cache_disk_hits": "disk_hits"}
 
 
 def model_row(entry, view: ModelView, rank: int | None, now: float, cache: CacheStats | None) -> dict[str, Any]:

@@ -57,7 +57,7 @@ class FakeEngine:
     """Loads in `load_seconds` (abortable), streams `tokens` chunks of "t " `token_seconds` apart."""
 
     def __init__(self, model_id: str, path: Path, factory: "FakeEngines", *, prompt_cache_bytes: int = 0,
-                 prompt_cache_entries: int = 10):
+                 **cache_options):
         self.model_id, self.path, self.factory = model_id, path, factory
         self.abort_load = False
         self.model_info: dict = {}

@@ -23,6 +23,7 @@ from mlx_lm.generate import BatchGenerator, generation_stream
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import load_model, load_tokenizer
 
+from .disk_cache import DiskCache, model_fingerprint
 from .native import release_memory
 from .prompt_cache import PromptCache
 from .stops import find_stop, holdback
@@ -103,11 +104,12 @@ def _model_info(model, config: dict) -> dict:
 class Engine:
     """Owns one model on one thread. Every public coroutine is safe to call from the event loop."""
 
-    def __init__(self, model_id: str, path: Path, *, prompt_cache_bytes: int = 0, prompt_cache_entries: int = 10):
+    def __init__(self, model_id: str, path: Path, *, prompt_cache_bytes: int = 0, prompt_cache_entries: int = 10,
+                 prompt_cache_dir: Path | None = None, prompt_cache_disk_bytes: int = 0):
         self.model_id = model_id
         self.path = Path(path)
-        self._prompt_cache = (PromptCache(max_bytes=prompt_cache_bytes, max_entries=prompt_cache_entries)
-                              if prompt_cache_bytes > 0 and prompt_cache_entries > 0 else None)
+        self._cache_options = (prompt_cache_bytes, prompt_cache_entries, prompt_cache_dir, prompt_cache_disk_bytes)
+        self._prompt_cache: PromptCache | None = None    # made on the engine thread (the disk tier reads files)
         self.cache_stats = CacheStats()
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -231,9 +233,22 @@ class Engine:
         mx.synchronize(generation_stream)
         self._model, self._tokenizer = model, tokenizer
         self.model_info = _model_info(model, config)
+        self._prompt_cache = self._new_prompt_cache()
         self._generator = self._new_generator()
         return LoadResult(measured_bytes=max(0, mx.get_active_memory() - before),
                           seconds=time.perf_counter() - started, model_info=self.model_info)
+
+    def _new_prompt_cache(self) -> PromptCache | None:
+        max_bytes, max_entries, folder, disk_bytes = self._cache_options
+        if max_bytes <= 0 or max_entries <= 0:
+            return None
+        disk = None
+        if folder is not None and disk_bytes > 0:
+            try:
+                disk = DiskCache(Path(folder), max_bytes=disk_bytes, fingerprint=model_fingerprint(self.path))
+            except OSError as e:   # a read-only or full data folder: memory only
+                log.warning("no disk tier for %s's prompt cache: %s", self.model_id, e)
+        return PromptCache(max_bytes=max_bytes, max_entries=max_entries, disk=disk)
 
     def _new_generator(self) -> BatchGenerator:
         stop = [[t] for t in sorted(self._tokenizer.eos_token_ids)]
@@ -324,10 +339,12 @@ class Engine:
     def _update_cache_stats(self) -> None:
         pc = self._prompt_cache
         kv = self._generator.prompt_cache_nbytes if self._requests else 0
+        disk = pc.disk if pc is not None else None
         self.cache_stats = CacheStats(kv_bytes=kv) if pc is None else CacheStats(
             kv_bytes=kv, prompt_cache_bytes=pc.nbytes, prompt_cache_entries=pc.entries,
             prompt_cache_cap_bytes=pc.cap_bytes, hits=pc.stats.hits, misses=pc.stats.misses,
-            tokens_saved=pc.stats.tokens_saved)
+            tokens_saved=pc.stats.tokens_saved, disk_bytes=disk.nbytes if disk else 0,
+            disk_entries=disk.entries if disk else 0, disk_hits=disk.stats.hits if disk else 0)
 
     def _shrink_prompt_cache(self, cap_bytes: int, free_bytes: int) -> int:
         pc = self._prompt_cache

@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from mlx_lm.models.cache import LRUPromptCache, PromptTrie, trim_prompt_cache
+from mlx_lm.models.cache import LRUPromptCache, PromptTrie, can_trim_prompt_cache, trim_prompt_cache
+
+from .disk_cache import DiskCache
 
 KEY = "model"   # LRUPromptCache keys entries by model too; one store serves one model
 
@@ -38,13 +40,15 @@ class _EvictionTrie(PromptTrie):
 
 
 class PromptCache:
-    def __init__(self, *, max_bytes: int, max_entries: int,
+    def __init__(self, *, max_bytes: int, max_entries: int, disk: DiskCache | None = None,
                  on_evict: Callable[[list[int], list[Any]], None] | None = None):
         self.configured_bytes = max_bytes
         self.max_entries = max_entries
+        self.disk = disk
         self._lru = LRUPromptCache(max_size=max_entries, max_bytes=max_bytes)
         # the trie is LRUPromptCache's; replacing it is the one hook it offers for its evictions
-        self._lru._trie = _EvictionTrie(on_evict or (lambda tokens, cache: None))
+        spill = on_evict or (disk.put if disk is not None else (lambda tokens, cache: None))
+        self._lru._trie = _EvictionTrie(spill)
         self.stats = PromptCacheStats()
 
     @property
@@ -63,16 +67,34 @@ class PromptCache:
         """(a private copy of the longest cached prefix's KV, how many tokens it covers). At least
         one token is always left to compute: the model must see one to give the next logits."""
         cache, rest = self._lru.fetch_nearest_cache(KEY, tokens)
+        if cache is not None and not rest:
+            trim_prompt_cache(cache, 1)
+            rest = tokens[-1:]
+        cached = len(tokens) - len(rest) if cache is not None else 0
+        if self.disk is not None:
+            cache, cached = self._from_disk(tokens, cache, cached)
         if cache is None:
             self.stats.misses += 1
             return None, 0
-        if not rest:
-            trim_prompt_cache(cache, 1)
-            rest = tokens[-1:]
-        cached = len(tokens) - len(rest)
         self.stats.hits += 1
         self.stats.tokens_saved += cached
         return cache, cached
+
+    def _from_disk(self, tokens: list[int], cache, cached: int):
+        """The disk tier's entry instead, when it covers more of the prompt than memory does."""
+        best = self.disk.longest_prefix(tokens)
+        if best is None or min(best[1], len(tokens) - 1) <= cached:
+            return cache, cached
+        loaded = self.disk.load(best[0])
+        if loaded is None:
+            return cache, cached
+        stored, disk_cache = loaded
+        usable = min(best[1], len(tokens) - 1)
+        if len(stored) > usable:
+            if not can_trim_prompt_cache(disk_cache):
+                return cache, cached
+            trim_prompt_cache(disk_cache, len(stored) - usable)
+        return disk_cache, usable
 
     def store(self, tokens: list[int], cache: list[Any]) -> None:
         if tokens and cache:
@@ -91,6 +113,7 @@ class PromptCache:
         return before - self.nbytes
 
     def clear(self) -> int:
+        """Drop every entry (to the disk tier, when there is one): the model is being unloaded."""
         before = self.nbytes
         self._lru.trim_to(n_sequences=0)
         return before

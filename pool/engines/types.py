@@ -75,6 +75,9 @@ class CacheStats:
     hits: int = 0
     misses: int = 0
     tokens_saved: int = 0
+    disk_bytes: int = 0               # the prompt cache's disk tier
+    disk_entries: int = 0
+    disk_hits: int = 0
 
 
 class EngineLike(Protocol):

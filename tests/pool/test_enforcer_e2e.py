@@ -32,8 +32,10 @@ def reasons(server) -> list[str]:
 
 @pytest.fixture
 def server(start_server, models):
+    # The scenarios here are about models; the prompt cache rung has its own tests
+    # (test_enforcer_core, test_prompt_cache), and would free nothing the fixed fake readings show.
     s = start_server(models, demo=False, OMLX_MEMORY_PROBE="fake", OMLX_MEMORY_CEILING="10GB",
-                     OMLX_ADMISSION_WAIT="1")
+                     OMLX_ADMISSION_WAIT="1", OMLX_PROMPT_CACHE_BYTES="off")
     set_usage(s, rss=1 * GB, cache=0)
     return s
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import threading
 
 import mlx.core as mx
+import pytest
 from mlx_lm.models.cache import KVCache
 from prometheus_client.parser import text_string_to_metric_families
 
+from pool.engines.disk_cache import DiskCache
 from pool.engines.prompt_cache import PromptCache
 
 DEMO = "smollm2-135m-instruct"
@@ -105,3 +107,75 @@ def test_concurrent_requests_sharing_a_prefix_do_not_change_each_others_output(s
     [t.join(120) for t in threads]
     assert {q: text for q, (text, _) in together.items()} == alone
     assert all(usage["prompt_tokens_details"]["cached_tokens"] > 0 for _, usage in together.values())
+
+
+# ---- the disk tier ----------------------------------------------------------------------------
+
+def test_spilled_entries_come_back_from_disk(tmp_path):
+    disk = DiskCache(tmp_path / "m", max_bytes=10**9, fingerprint="f1")
+    one = sum(c.nbytes for c in kv(100))
+    store = PromptCache(max_bytes=int(1.5 * one), max_entries=10, disk=disk)
+    store.store(list(range(100)), kv(100))
+    store.store([5] + list(range(99)), kv(100))                  # pushes the first out, to disk
+    assert store.entries == 1 and disk.entries == 1
+    cache, cached = store.fetch(list(range(100)) + [7, 8])
+    assert cached == 100 and cache[0].offset == 100 and disk.stats.hits == 1
+    cache, cached = store.fetch(list(range(40)))                  # a longer file, trimmed
+    assert cached == 39 and cache[0].offset == 39
+
+    again = DiskCache(tmp_path / "m", max_bytes=10**9, fingerprint="f1")   # a restart
+    assert again.entries == 1 and again.longest_prefix(list(range(100)))[1] == 100
+    changed = DiskCache(tmp_path / "m", max_bytes=10**9, fingerprint="f2")  # other weights
+    assert changed.entries == 0 and not list((tmp_path / "m").glob("*.safetensors"))
+
+
+def test_the_disk_tier_is_bounded_least_recently_used_first(tmp_path):
+    disk = DiskCache(tmp_path / "m", max_bytes=10**9, fingerprint="f")
+    for i in range(3):
+        disk.put([i] * 50, kv(50))
+    size = disk.nbytes // 3
+    disk.load(disk.longest_prefix([0] * 50)[0])                   # 0 is now the most recently used
+    disk.max_bytes = 2 * size
+    disk.put([9] * 50, kv(50))
+    assert sorted(disk._index.values()) == [[0] * 50, [9] * 50]
+    assert disk.nbytes <= 2 * size
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "delete"])
+def test_a_damaged_file_is_deleted_and_counted_as_a_miss(tmp_path, damage):
+    disk = DiskCache(tmp_path / "m", max_bytes=10**9, fingerprint="f")
+    disk.put(list(range(60)), kv(60))
+    (name, _), = [disk.longest_prefix(list(range(60)))]
+    path = tmp_path / "m" / name
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[:200])
+    elif damage == "garbage":
+        path.write_bytes(b"\x00garbage" * 100)
+    else:
+        path.unlink()
+    store = PromptCache(max_bytes=10**9, max_entries=10, disk=disk)
+    assert store.fetch(list(range(60)) + [1]) == (None, 0)
+    assert store.stats.misses == 1 and disk.entries == 0 and not path.exists()
+    assert disk.stats.errors == 1
+
+
+def test_a_spill_cut_short_is_never_served(tmp_path):
+    folder = tmp_path / "m"
+    disk = DiskCache(folder, max_bytes=10**9, fingerprint="f")
+    disk.put(list(range(30)), kv(30))
+    (folder / "deadbeef.partial.safetensors").write_bytes(b"half a file")
+    again = DiskCache(folder, max_bytes=10**9, fingerprint="f")
+    assert again.entries == 1 and not list(folder.glob("*.partial.safetensors"))
+
+
+def test_a_chat_resumes_from_disk_after_an_unload_and_a_restart(start_server):
+    server = start_server()
+    _, first = _chat(server, TURN)
+    assert server.post(f"/api/models/{DEMO}/unload", {}).status_code == 200     # its cache goes to disk
+    _, again = _chat(server, TURN)
+    assert again["prompt_tokens_details"]["cached_tokens"] == first["prompt_tokens"] - 1
+    assert server.model(DEMO)["prompt_cache_disk_hits"] == 1
+    server.stop()
+    server.start()
+    _, restarted = _chat(server, TURN)
+    assert restarted["prompt_tokens_details"]["cached_tokens"] == first["prompt_tokens"] - 1
