@@ -11,7 +11,8 @@ from typing import Callable
 from .errors import BadRequest, ServiceUnavailable
 from .memory import memory_lines
 from .policy.admission import ModelView, lru_victims
-from .policy.pressure import kv_bytes, prefill_check
+from .policy.kv import KVConfig, kv_estimate
+from .policy.pressure import prefill_check
 from .policy.units import format_bytes
 
 
@@ -52,18 +53,19 @@ class Admission:
             self.waiting -= 1
 
     def check_prefill(self, model_id: str, model_info: dict, prompt_tokens: int, views: list[ModelView], *,
-                      param: str) -> None:
-        """Refuse up front a prompt whose KV cache cannot fit under the hard line even after every
-        idle model is evicted."""
+                      param: str, kv: KVConfig = KVConfig()) -> None:
+        """Refuse up front a prompt whose KV cache (as its kv_bits / max_kv_size make it) cannot fit
+        under the hard line even after every idle model is evicted. A cached prefix does not lower
+        it: the prompt cache hands each request a private copy of the prefix's KV."""
         if not model_info:
             return
         reading = self.probe.read()
         lines = memory_lines(self.conf, reading)
         if lines is None:
             return
-        estimate = kv_bytes(layers=model_info["layers"], kv_heads=model_info["kv_heads"],
-                            head_dim=model_info["head_dim"], bytes_per_element=model_info["bytes_per_element"],
-                            tokens=prompt_tokens)
+        estimate = kv_estimate(layers=model_info["layers"], kv_heads=model_info["kv_heads"],
+                               head_dim=model_info["head_dim"], bytes_per_element=model_info["bytes_per_element"],
+                               tokens=prompt_tokens, config=kv)
         evictable = sum(v.footprint for v in lru_victims(views) if v.id != model_id)
         if not prefill_check(kv_estimate=estimate, usage=reading.usage, evictable_bytes=evictable,
                              hard_line=lines.hard):

@@ -7,6 +7,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from .policy import kv
 from .policy.vocabulary import ActionKind, Reason
 
 # SQLite stores 64-bit integers; a bound well inside keeps every writer's value storable.
@@ -21,6 +22,20 @@ def _choices(vocabulary) -> list[tuple[str, str]]:
 def _positive_top_p(value: float) -> None:
     if not value > 0:
         raise ValidationError("must be in (0, 1]")
+
+
+def _kv_rule(name: str, value) -> None:
+    problem = kv.field_problem(name, value)
+    if problem:
+        raise ValidationError(problem)
+
+
+def validate_max_kv_size(value) -> None:      # module functions: migrations name them
+    _kv_rule("max_kv_size", value)
+
+
+def validate_quantized_kv_start(value) -> None:
+    _kv_rule("quantized_kv_start", value)
 
 
 def _between(low, high, message: str) -> list:
@@ -40,6 +55,14 @@ class ModelSettings(models.Model):
     alias = models.CharField(max_length=255, unique=True, null=True, blank=True,
                              help_text="Another name clients may use for this model.")
     is_hidden = models.BooleanField(default=False, help_text="Left out of /v1/models.")
+    # KV limits a request gets when it gives none of its own
+    max_kv_size = models.PositiveIntegerField(null=True, blank=True, validators=[validate_max_kv_size],
+                                              help_text="A rotating KV cache of this many tokens.")
+    kv_bits = models.PositiveSmallIntegerField(null=True, blank=True, choices=[(b, f"{b}-bit") for b in kv.KV_BITS],
+                                               help_text="Quantized KV cache (decodes outside the batch).")
+    kv_group_size = models.PositiveSmallIntegerField(null=True, blank=True,
+                                                     choices=[(g, str(g)) for g in kv.KV_GROUP_SIZES])
+    quantized_kv_start = models.PositiveIntegerField(null=True, blank=True, validators=[validate_quantized_kv_start])
     display_name = models.CharField(max_length=255, blank=True, default="")
     notes = models.TextField(blank=True, default="")
     updated_at = models.DateTimeField(auto_now=True)
@@ -57,6 +80,10 @@ class ModelSettings(models.Model):
             self.alias = None
         if self.alias and self.alias != self.model_id and self.alias in self._other_model_ids():
             raise ValidationError({"alias": f"'{self.alias}' is the id of another model"})
+        try:
+            kv.kv_config({name: getattr(self, name) for name in kv.FIELDS})
+        except kv.KVFieldError as e:
+            raise ValidationError({e.field: str(e).split(" ", 1)[1]}) from None
 
     def _other_model_ids(self) -> set[str]:
         from .conf import get_settings

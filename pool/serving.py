@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from .admission import Admission
 from .engine_pool import EnginePool
 from .engines.types import Chunk, EngineError, EngineLike, RequestAborted, SamplingParams
 from .errors import BadRequest, EngineFailure, ServiceUnavailable
+from .policy.kv import KVConfig, KVFieldError, kv_config
 
 DEFAULT_MAX_TOKENS = 512
 
@@ -34,6 +35,7 @@ class CompletionSpec:
     seed: int | None = None
     keep_alive: float | None = None
     cache_prompt: bool = True
+    kv: dict = field(default_factory=dict)     # max_kv_size, kv_bits, ...: the request's own, if given
 
     @property
     def prompt_param(self) -> str:
@@ -79,10 +81,11 @@ class Serving:
         stack = AsyncExitStack()
         try:
             engine = await stack.enter_async_context(self.pool.lease(entry.id, keep_alive=spec.keep_alive))
+            kv = _kv(spec, entry.settings)
             tokens = await _encode(engine, spec)
             self.admission.check_prefill(entry.id, engine.model_info, len(tokens), self.pool.views(),
-                                         param=spec.prompt_param)
-            return Completion(entry.id, engine, tokens, _sampling(spec, entry.settings), stack)
+                                         param=spec.prompt_param, kv=kv)
+            return Completion(entry.id, engine, tokens, _sampling(spec, entry.settings, kv), stack)
         except BaseException:
             await stack.aclose()
             raise
@@ -98,7 +101,15 @@ async def _encode(engine: EngineLike, spec: CompletionSpec) -> list[int]:
         raise BadRequest(f"The model's {what}: {e}", param=spec.prompt_param) from None
 
 
-def _sampling(spec: CompletionSpec, defaults: dict) -> SamplingParams:
+def _kv(spec: CompletionSpec, defaults: dict) -> KVConfig:
+    try:
+        return kv_config(spec.kv, defaults)
+    except KVFieldError as e:
+        where = "" if e.field in spec.kv else " (the model's default)"
+        raise BadRequest(f"{e}{where}", param=e.field) from None
+
+
+def _sampling(spec: CompletionSpec, defaults: dict, kv: KVConfig) -> SamplingParams:
     def pick(value, name, fallback):
         if value is not None:
             return value
@@ -106,4 +117,4 @@ def _sampling(spec: CompletionSpec, defaults: dict) -> SamplingParams:
     return SamplingParams(max_tokens=int(pick(spec.max_tokens, "max_tokens", DEFAULT_MAX_TOKENS)),
                           temperature=float(pick(spec.temperature, "temperature", 0.0)),
                           top_p=float(pick(spec.top_p, "top_p", 1.0)), stop=spec.stop, seed=spec.seed,
-                          cache_prompt=spec.cache_prompt)
+                          cache_prompt=spec.cache_prompt, kv=kv)

@@ -10,6 +10,7 @@ from django.core.exceptions import RequestDataTooBig
 
 from ..conf import parse_duration
 from ..errors import BadRequest
+from ..policy import kv
 from ..serving import CompletionSpec
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -132,6 +133,16 @@ def _keep_alive(body) -> float | None:
     return -1.0 if seconds < 0 else seconds
 
 
+def _kv_fields(body) -> dict:
+    """The KV limits the body gives (their combination with the model's defaults is checked later)."""
+    given = {name: body[name] for name in kv.FIELDS if body.get(name) is not None}
+    for name, value in given.items():
+        problem = kv.field_problem(name, value)
+        if problem:
+            raise BadRequest(f"'{name}' {problem}", param=name)
+    return given
+
+
 def parse_completion(body: dict, *, chat: bool) -> CompletionRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -157,5 +168,6 @@ def parse_completion(body: dict, *, chat: bool) -> CompletionRequest:
         seed=_int(body, "seed", minimum=-(2**63)),
         keep_alive=_keep_alive(body),
         cache_prompt=_flag(body, "cache_prompt", default=True),
+        kv=_kv_fields(body),
     )
     return CompletionRequest(spec=spec, stream=stream, include_usage=_flag(options, "include_usage", default=False))

@@ -8,7 +8,7 @@ each token back to the request's asyncio queue with `loop.call_soon_threadsafe`.
 from __future__ import annotations
 
 import asyncio
-import json
+import itertools
 import logging
 import queue
 import threading
@@ -18,19 +18,20 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
-from mlx_lm.generate import BatchGenerator, generation_stream
+from mlx_lm.generate import generation_stream
 from mlx_lm.sample_utils import make_sampler
-from mlx_lm.utils import load_model, load_tokenizer
 
-from .disk_cache import DiskCache, model_fingerprint
+from .lanes import BatchLane, SoloLane
+from .loading import load_weights, model_info
 from .native import release_memory
-from .prompt_cache import PromptCache
+from .prompt_cache import PromptCache, make_prompt_cache_store
 from .stops import find_stop, holdback
-from .types import (CacheStats, Chunk, EngineError, LoadAborted, LoadResult, ReleaseResult, RequestAborted,
-                    SamplingParams)
+from .types import (CacheStats, Chunk, EngineError, KVConfig, LoadAborted, LoadResult, ReleaseResult,
+                    RequestAborted, SamplingParams)
 
 log = logging.getLogger(__name__)
+
+PREFILL_STEP = 2048        # prompt tokens read per step (mlx-lm's default), unless pressure lowers it
 
 
 @dataclass
@@ -44,6 +45,7 @@ class _Request:
     text: str = ""          # decoded so far, not yet emitted
     generated: int = 0
     cached_tokens: int = 0  # prompt tokens taken from the prompt cache
+    lane: Any = None        # the key of the lane it decodes in
     done: bool = False
 
     def emit(self, item: Chunk | BaseException) -> None:
@@ -87,20 +89,6 @@ def _rss() -> int:
     return psutil.Process().memory_info().rss
 
 
-def _model_info(model, config: dict) -> dict:
-    args = getattr(model, "args", None)
-    layers = getattr(args, "num_hidden_layers", None) or config.get("num_hidden_layers") or len(getattr(model, "layers", []))
-    heads = getattr(args, "num_attention_heads", None) or config.get("num_attention_heads") or 1
-    kv_heads = getattr(args, "num_key_value_heads", None) or config.get("num_key_value_heads") or heads
-    hidden = getattr(args, "hidden_size", None) or config.get("hidden_size") or 0
-    head_dim = getattr(args, "head_dim", None) or config.get("head_dim") or (hidden // heads if heads else 0)
-    dtype = str(config.get("torch_dtype") or "float32")
-    bytes_per_element = 4 if "32" in dtype else 2
-    return {"layers": int(layers), "kv_heads": int(kv_heads), "head_dim": int(head_dim),
-            "bytes_per_element": bytes_per_element,
-            "context_length": config.get("max_position_embeddings")}
-
-
 class Engine:
     """Owns one model on one thread. Every public coroutine is safe to call from the event loop."""
 
@@ -115,7 +103,10 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._model = None
         self._tokenizer = None
-        self._generator: BatchGenerator | None = None
+        self._lanes: dict[Any, BatchLane | SoloLane] = {}    # KVConfig, or ("solo", n) for quantized KV
+        self._solo_ids = itertools.count()
+        self._stop_tokens: list[list[int]] = []
+        self.prefill_step = PREFILL_STEP     # the enforcer lowers it under pressure (read each step)
         self._requests: dict[int, _Request] = {}
         self._stop_command: _Command | None = None
         self.abort_load = False
@@ -220,39 +211,14 @@ class Engine:
     def _load(self) -> LoadResult:
         before = mx.get_active_memory()
         started = time.perf_counter()
-        eos = json.loads((self.path / "config.json").read_text()).get("eos_token_id")
-        # The tokenizer first, the weights last: the memory arrives at the very end of the load,
-        # where the load's wake-up lets the enforcer see it at once.
-        tokenizer = load_tokenizer(self.path, eos_token_ids=eos)
-        model, config = load_model(self.path, lazy=True)
-        # One tensor at a time: a single eval of every weight holds the GIL for the whole read,
-        # stalling the event loop and the other engines (measured: 109 ms gaps for a 1.2 GB model;
-        # 37 ms in all this way).
-        for _, weight in tree_flatten(model.parameters()):
-            mx.eval(weight)
-        mx.synchronize(generation_stream)
+        model, tokenizer, config = load_weights(self.path)
         self._model, self._tokenizer = model, tokenizer
-        self.model_info = _model_info(model, config)
-        self._prompt_cache = self._new_prompt_cache()
-        self._generator = self._new_generator()
+        self.model_info = model_info(model, config)
+        self._prompt_cache = make_prompt_cache_store(self.model_id, self.path, *self._cache_options)
+        self._stop_tokens = [[t] for t in sorted(tokenizer.eos_token_ids)]
+        self._lanes = {KVConfig(): BatchLane(model, KVConfig(), self._stop_tokens)}
         return LoadResult(measured_bytes=max(0, mx.get_active_memory() - before),
                           seconds=time.perf_counter() - started, model_info=self.model_info)
-
-    def _new_prompt_cache(self) -> PromptCache | None:
-        max_bytes, max_entries, folder, disk_bytes = self._cache_options
-        if max_bytes <= 0 or max_entries <= 0:
-            return None
-        disk = None
-        if folder is not None and disk_bytes > 0:
-            try:
-                disk = DiskCache(Path(folder), max_bytes=disk_bytes, fingerprint=model_fingerprint(self.path))
-            except OSError as e:   # a read-only or full data folder: memory only
-                log.warning("no disk tier for %s's prompt cache: %s", self.model_id, e)
-        return PromptCache(max_bytes=max_bytes, max_entries=max_entries, disk=disk)
-
-    def _new_generator(self) -> BatchGenerator:
-        stop = [[t] for t in sorted(self._tokenizer.eos_token_ids)]
-        return BatchGenerator(self._model, stop_tokens=stop, stream=generation_stream)
 
     def _serve(self) -> None:
         while self._stop_command is None:
@@ -288,31 +254,49 @@ class Engine:
         if p.seed is not None:
             mx.random.seed(p.seed)
         cache = None
-        if p.cache_prompt and self._prompt_cache is not None:
+        if p.cache_prompt and p.kv.default and self._prompt_cache is not None:
             cache, req.cached_tokens = self._prompt_cache.fetch(req.tokens)
         try:
-            (req.uid,) = self._generator.insert(
-                [req.tokens[req.cached_tokens:]], max_tokens=[p.max_tokens], caches=[cache],
-                all_tokens=[req.tokens[:req.cached_tokens]],
-                samplers=[make_sampler(temp=p.temperature, top_p=p.top_p if p.top_p < 1.0 else 0.0)])
+            req.lane = self._lane_for(p.kv)
+            req.uid = self._lanes[req.lane].insert(
+                req.tokens[req.cached_tokens:], cache=cache, all_tokens=req.tokens[:req.cached_tokens],
+                max_tokens=p.max_tokens, sampler=make_sampler(temp=p.temperature, top_p=p.top_p if p.top_p < 1.0 else 0.0))
         except Exception as e:  # noqa: BLE001
             req.done = True
+            self._retire(req.lane)
             req.emit(EngineError(f"could not start generation: {e}"))
             return
         req.detokenizer = self._tokenizer.detokenizer
-        self._requests[req.uid] = req
+        self._requests[(req.lane, req.uid)] = req
         self.active_requests = len(self._requests)
 
+    def _lane_for(self, kv: KVConfig):
+        """Requests that can batch together share a lane; quantized KV gets one of its own."""
+        key = kv if kv.batches else ("solo", next(self._solo_ids))
+        if key not in self._lanes:
+            lane_type = BatchLane if kv.batches else SoloLane
+            self._lanes[key] = lane_type(self._model, kv, self._stop_tokens)
+        return key
+
+    def _retire(self, key) -> None:
+        """Close a lane its last request left, but the default one, which stays for the next."""
+        lane = self._lanes.get(key)
+        if lane is not None and lane.empty and key != KVConfig():
+            lane.close()
+            del self._lanes[key]
+
     def _remove(self, req: _Request, *, keep_cache: bool = False) -> None:
-        if req.uid is not None and self._requests.pop(req.uid, None) is not None:
-            caches = self._generator.remove([req.uid], return_prompt_caches=keep_cache)
-            if req.uid in caches:
-                self._store(req, *caches[req.uid])
+        if req.uid is not None and self._requests.pop((req.lane, req.uid), None) is not None:
+            lane = self._lanes.get(req.lane)
+            kept = lane.remove(req.uid, keep_cache=keep_cache) if lane is not None else None
+            if kept:
+                self._store(req, *kept)
+            self._retire(req.lane)
         req.done = True
         self.active_requests = len(self._requests)
 
     def _store(self, req: _Request, cache, tokens) -> None:
-        if req.params.cache_prompt and self._prompt_cache is not None and cache:
+        if req.params.cache_prompt and req.params.kv.default and self._prompt_cache is not None and cache:
             self._prompt_cache.store(list(tokens), cache)
 
     def _abort_all(self, error: BaseException) -> None:
@@ -321,24 +305,39 @@ class Engine:
             req.emit(error)
 
     def _step(self) -> None:
-        try:
-            _, responses = self._generator.next()
-        except Exception as e:  # noqa: BLE001 - one bad step must not kill the thread
-            log.exception("generation step failed on %s", self.model_id)
-            self._abort_all(EngineError(f"generation failed: {type(e).__name__}"))
-            self._generator = self._new_generator()
-            return
-        for r in responses:
-            req = self._requests.get(r.uid)
-            if req is not None:
-                if r.finish_reason is not None:
-                    self._store(req, r.prompt_cache, r.all_tokens)
-                self._deliver(req, r.token, r.finish_reason)
+        for key, lane in list(self._lanes.items()):
+            if lane.empty:
+                continue
+            lane.set_prefill_step(self.prefill_step)
+            try:
+                steps = lane.step()
+            except Exception as e:  # noqa: BLE001 - one bad step must not kill the thread
+                log.exception("generation step failed on %s", self.model_id)
+                self._fail_lane(key, EngineError(f"generation failed: {type(e).__name__}"))
+                continue
+            for step in steps:
+                req = self._requests.get((key, step.uid))
+                if req is None:
+                    continue
+                if step.finish_reason is not None:
+                    self._store(req, step.prompt_cache, step.all_tokens)
+                self._deliver(req, step.token, step.finish_reason)
+            self._retire(key)
         self._update_cache_stats()
+
+    def _fail_lane(self, key, error: EngineError) -> None:
+        for req in [r for (k, _), r in self._requests.items() if k == key]:
+            self._remove(req)
+            req.emit(error)
+        lane = self._lanes.pop(key, None)
+        if lane is not None:
+            lane.close()
+        if key == KVConfig():
+            self._lanes[key] = BatchLane(self._model, KVConfig(), self._stop_tokens)
 
     def _update_cache_stats(self) -> None:
         pc = self._prompt_cache
-        kv = self._generator.prompt_cache_nbytes if self._requests else 0
+        kv = sum(lane.kv_bytes for lane in self._lanes.values())
         disk = pc.disk if pc is not None else None
         self.cache_stats = CacheStats(kv_bytes=kv) if pc is None else CacheStats(
             kv_bytes=kv, prompt_cache_bytes=pc.nbytes, prompt_cache_entries=pc.entries,
@@ -388,9 +387,10 @@ class Engine:
         _resolve(cmd, ReleaseResult(active_before, mx.get_active_memory(), rss_before, _rss()))
 
     def _drop_model(self) -> None:
-        if self._generator is not None:
-            self._generator.close()
-        self._generator = self._model = self._tokenizer = None
+        for lane in self._lanes.values():
+            lane.close()
+        self._lanes = {}
+        self._model = self._tokenizer = None
         self._requests.clear()
         release_memory()
 

@@ -8,12 +8,16 @@ same chat starts from it. Entries pushed out for space go to the disk tier when 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from mlx_lm.models.cache import LRUPromptCache, PromptTrie, can_trim_prompt_cache, trim_prompt_cache
 
-from .disk_cache import DiskCache
+from .disk_cache import DiskCache, model_fingerprint
+
+log = logging.getLogger(__name__)
 
 KEY = "model"   # LRUPromptCache keys entries by model too; one store serves one model
 
@@ -117,3 +121,17 @@ class PromptCache:
         before = self.nbytes
         self._lru.trim_to(n_sequences=0)
         return before
+
+
+def make_prompt_cache_store(model_id: str, model_path: Path, max_bytes: int, max_entries: int,
+                            folder: Path | None, disk_bytes: int) -> PromptCache | None:
+    """The store an engine's options ask for (None when off), with its disk tier when there is one."""
+    if max_bytes <= 0 or max_entries <= 0:
+        return None
+    disk = None
+    if folder is not None and disk_bytes > 0:
+        try:
+            disk = DiskCache(Path(folder), max_bytes=disk_bytes, fingerprint=model_fingerprint(model_path))
+        except OSError as e:   # a read-only or full data folder: memory only
+            log.warning("no disk tier for %s's prompt cache: %s", model_id, e)
+    return PromptCache(max_bytes=max_bytes, max_entries=max_entries, disk=disk)

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Protocol
 
+from ..policy.kv import KVConfig
+
 
 class EngineError(RuntimeError):
     """The engine failed while serving a request (reported as a 500 without a traceback)."""
@@ -34,6 +36,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     cache_prompt: bool = True      # reuse and store prefix KV in the model's prompt cache
+    kv: KVConfig = KVConfig()
 
 
 @dataclass(frozen=True)

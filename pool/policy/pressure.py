@@ -65,11 +65,6 @@ def classify(usage: int, lines: Lines, over_ceiling_polls: int) -> tuple[Level, 
 # --- the prefill guard -----------------------------------------------------------------------
 
 
-def kv_bytes(*, layers: int, kv_heads: int, head_dim: int, bytes_per_element: int, tokens: int) -> int:
-    """KV cache size: keys and values (the 2) for every layer, head and token."""
-    return layers * kv_heads * head_dim * 2 * bytes_per_element * tokens
-
-
 def prefill_check(*, kv_estimate: int, usage: int, evictable_bytes: int, hard_line: int) -> bool:
     """True when the prompt fits under the hard line once idle models are evicted."""
     return usage - evictable_bytes + kv_estimate <= hard_line

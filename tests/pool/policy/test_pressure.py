@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pool.policy.pressure import (Action, Lines, Readings, auto_ceiling, classify, decide, guard_reserve, kv_bytes,
+from pool.policy.pressure import (Action, Lines, Readings, auto_ceiling, classify, decide, guard_reserve,
                                   poll_interval, prefill_check, pressure_lines)
 from pool.policy.units import GIB
 
@@ -76,19 +76,6 @@ def test_auto_ceiling(total, guard, device_limit, expected):
 )
 def test_pressure_lines(args, expected):
     assert pressure_lines(*args) == expected
-
-
-@pytest.mark.parametrize(
-    "shape, expected",
-    [
-        (dict(layers=32, kv_heads=8, head_dim=128, bytes_per_element=2, tokens=1), 131072),
-        (dict(layers=32, kv_heads=8, head_dim=128, bytes_per_element=2, tokens=8192), GIB),
-        (dict(layers=32, kv_heads=8, head_dim=128, bytes_per_element=2, tokens=0), 0),
-    ],
-    ids=["one-token-of-an-8b-model", "8k-tokens-is-1GiB", "no-tokens"],
-)
-def test_kv_bytes(shape, expected):
-    assert kv_bytes(**shape) == expected
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,102 @@
+"""Time to first token, turn by turn, of one chat on a long history: omlx-site vs mlx_lm.server on
+the same model folder, and raw mlx-lm reusing its prompt cache by hand (the floor).
+
+Each turn sends the whole history, as chat clients do; a server with a prefix cache reads only the
+new message. The servers run one after the other in this one run, on the same prompts.
+
+    .venv/bin/python benchmarks/multiturn.py [--model PATH] [--history-tokens 1500] [--turns 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from _models import demo_model
+from _servers import start_mlx_lm, start_omlx
+
+STORY = ("The old lighthouse keeper climbed the spiral stairs each evening, counting the steps, "
+         "watching the ships pass the rocks below and writing their names in a worn blue ledger. ")
+QUESTIONS = ["What did the keeper write down?", "Why did he count the steps?", "Name one ship he saw.",
+             "What colour was the ledger?", "How does the story end?", "Who climbed the stairs?"]
+ANSWER_TOKENS = 16
+
+
+def history(tokenizer, target_tokens: int) -> list[dict]:
+    text = STORY
+    while len(tokenizer.encode(text)) < target_tokens:
+        text += STORY
+    return [{"role": "user", "content": "Read this story.\n\n" + text}, {"role": "assistant", "content": "I have read it."}]
+
+
+def chat_turns(server, base: list[dict], turns: int) -> list[float]:
+    messages, ttfts = list(base), []
+    for question in QUESTIONS[:turns]:
+        messages.append({"role": "user", "content": question})
+        reply = server.stream_chat(messages, ANSWER_TOKENS)
+        ttfts.append(reply["ttft"])
+        messages.append({"role": "assistant", "content": reply["text"]})
+    return ttfts
+
+
+def raw_turns(model_path: Path, base: list[dict], turns: int) -> list[float]:
+    """mlx-lm's own stream_generate with one prompt cache kept across turns: what the cache saves."""
+    from mlx_lm import load, stream_generate
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model, tokenizer = load(str(model_path))
+    cache, seen, messages, ttfts = make_prompt_cache(model), [], list(base), []
+    for question in QUESTIONS[:turns]:
+        messages.append({"role": "user", "content": question})
+        tokens = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        common = next((i for i, (a, b) in enumerate(zip(tokens, seen)) if a != b), min(len(tokens), len(seen)))
+        if common < len(seen):          # the template re-rendered something: start over
+            cache, common = make_prompt_cache(model), 0
+        started, first, text, out = time.perf_counter(), None, [], []
+        for response in stream_generate(model, tokenizer, tokens[common:], max_tokens=ANSWER_TOKENS,
+                                        prompt_cache=cache):
+            first = first or time.perf_counter()
+            text.append(response.text)
+            out.append(response.token)
+        ttfts.append(first - started)
+        seen = tokens + out[:-1]
+        messages.append({"role": "assistant", "content": "".join(text)})
+    return ttfts
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, default=None, help="an mlx-lm model folder (default: the demo model)")
+    p.add_argument("--history-tokens", type=int, default=1500)
+    p.add_argument("--turns", type=int, default=5)
+    args = p.parse_args()
+    model = args.model or demo_model()
+    from mlx_lm.utils import load_tokenizer
+
+    base = history(load_tokenizer(model), args.history_tokens)
+    results = {}
+    for start in (start_omlx, start_mlx_lm):
+        server = start(model)
+        try:
+            server.stream_chat([{"role": "user", "content": "hi"}], 2)       # load and warm up
+            results[server.name] = chat_turns(server, base, args.turns)
+        finally:
+            server.stop()
+    results["raw mlx-lm (cache by hand)"] = raw_turns(model, base, args.turns)
+
+    ours, peer = results["omlx-site"], results["mlx_lm.server"]
+    print(f"model {model.name}; history of {args.history_tokens}+ tokens; {args.turns} turns; TTFT in seconds")
+    print(f"{'':28}" + "".join(f"{f'turn {i + 1}':>10}" for i in range(args.turns)))
+    for name, ttfts in results.items():
+        print(f"{name:28}" + "".join(f"{t:10.2f}" for t in ttfts))
+    print(f"{'omlx-site / its turn 1':28}" + "".join(f"{t / ours[0]:10.2f}" for t in ours))
+    print(f"{'omlx-site / mlx_lm.server':28}" + "".join(f"{a / b:10.2f}" for a, b in zip(ours, peer)))
+    later = max(t / ours[0] for t in ours[1:])
+    vs_peer = max(a / b for a, b in zip(ours[1:], peer[1:]))
+    print(f"turns 2+: at most {later:.2f}x turn 1 (target <= 0.15), at most {vs_peer:.2f}x mlx_lm.server "
+          f"(target <= 1.0)")
+
+
+if __name__ == "__main__":
+    main()
