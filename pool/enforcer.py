@@ -108,12 +108,14 @@ class ProcessMemoryEnforcer:
         self.lines = memory_lines(self.conf, seen)
         if self.lines is None:
             self.level, self.over_ceiling_polls = Level.OK, 0
+            self.pool.adapt_prefill(Level.OK)
             self._finish(seen)
             return None
         reading, applied = seen, ()
         decision = decide(self._readings(reading), self.pool.views(), over_ceiling_polls=self.over_ceiling_polls,
                           reclaimed=False)
         await self.pool.walk_cache_cap(decision.level)
+        self.pool.adapt_prefill(decision.level)
         seen_row = self._telemetry_row(seen_at, seen, decision.level)
         if any(a.kind == ActionKind.RECLAIM for a in decision.actions):
             await self._apply(decision, reading)

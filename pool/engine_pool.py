@@ -24,7 +24,8 @@ from .memory import MemoryReading
 from .names import resolve_name
 from .policy import idle
 from .policy.admission import AdmissionPlan, ModelView, auto_model_budget, plan_admission
-from .policy.vocabulary import ActionKind, Change, ModelState, Reason, Refusal
+from .policy.pressure import prefill_step
+from .policy.vocabulary import ActionKind, Change, Level, ModelState, Reason, Refusal
 from .relief import Relief
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ class EnginePool(Relief):
         self.loads_total = 0
         self.load_seconds_total = 0.0
         self.cache_fraction = 1.0      # of the configured prompt cache cap; memory pressure walks it
+        self.prefill_step = prefill_step(Level.OK)   # prompt tokens per step; memory pressure lowers it
         self._tasks: set[asyncio.Task] = set()
 
     # ---- discovery and settings -------------------------------------------------------------
@@ -229,6 +231,7 @@ class EnginePool(Relief):
             raise error(plan.message, code=plan.code, param="model", blockers=list(plan.blockers))
         # made now, not when the victims are gone: an abort must reach the load at any point
         entry.engine = self.engine_factory(entry.id, entry.path, **self._cache_options(entry.id))
+        entry.engine.prefill_step = self.prefill_step
         entry.state, entry.load_started_at, entry.failure = State.LOADING, self.clock(), None
         entry.load_note = "" if plan.with_headroom else "loaded without KV headroom: it fits only without it"
         entry._load_future = asyncio.get_running_loop().create_future()

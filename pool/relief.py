@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from .policy.pressure import next_cache_fraction
+from .policy.pressure import next_cache_fraction, prefill_step
 from .policy.units import format_bytes
 from .policy.vocabulary import ActionKind, Level, ModelState, Reason
 
@@ -42,6 +42,12 @@ class Relief:
         entry.marked_for_unload = reason
         await self._event(ActionKind.MARK_UNLOAD, reason, entry,
                           f"'{entry.id}' will be unloaded when its requests drain")
+
+    def adapt_prefill(self, level: Level) -> None:
+        """The prefill step every engine reads from its next step on (policy.pressure.prefill_step)."""
+        self.prefill_step = prefill_step(level)
+        for engine in self._loaded_engines():
+            engine.prefill_step = self.prefill_step
 
     async def walk_cache_cap(self, level: Level) -> None:
         """One step of the prompt caches' cap per enforcer tick (policy.pressure.next_cache_fraction)."""

@@ -71,6 +71,7 @@ def build(pool, reading, enforcer_state: dict[str, Any] | None = None) -> dict[s
         "kv_bytes": sum(m["kv_bytes"] or 0 for m in models),
         "prompt_cache_bytes": sum(m["prompt_cache_bytes"] or 0 for m in models),
         "prompt_cache_cap_fraction": pool.cache_fraction,
+        "prefill_step": pool.prefill_step,
     }
     memory.update(enforcer_state or {})
     return {"type": "snapshot", "time": now, "models": models, "memory": memory,

@@ -62,6 +62,7 @@ class FakeEngine:
         self.abort_load = False
         self.model_info: dict = {}
         self.prompt_cache_cap = prompt_cache_bytes
+        self.prefill_step = 2048
         self._running: set[asyncio.Queue] = set()
 
     @property

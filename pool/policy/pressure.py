@@ -197,6 +197,15 @@ def next_cache_fraction(fraction: float, level: Level) -> float:
     return max(MIN_CACHE_FRACTION, fraction / 2)
 
 
+PREFILL_STEPS = {Level.OK: 2048, Level.SOFT: 512, Level.HARD: 128, Level.EMERGENCY: 128}
+
+
+def prefill_step(level: Level) -> int:
+    """Prompt tokens read per step (oMLX's adaptive prefill chunk): mlx-lm's 2048 when memory is
+    ok, smaller under pressure, so one long prompt's transient peak stays small."""
+    return PREFILL_STEPS[level]
+
+
 # --- polling -----------------------------------------------------------------------------------
 
 

@@ -219,6 +219,8 @@
     '<td class="state" data-label="state"><span class="badge state"></span>' +
     '<div class="progress" hidden><div></div></div><div class="note muted small"></div></td>' +
     '<td class="size" data-label="size"></td>' +
+    '<td class="kv" data-label="memory"><div class="kvbar" role="img"><div class="seg weights"></div>' +
+    '<div class="seg live"></div><div class="seg pcache"></div></div><div class="kvnote muted small"></div></td>' +
     '<td class="active num" data-label="active"></td>' +
     '<td class="idle num" data-label="idle"></td>' +
     '<td class="ttl" data-label="TTL"></td>' +
@@ -236,6 +238,7 @@
       tr, rank: q(".rank"), primary: q(".primary"), secondary: q(".secondary"), badges: q(".badges"),
       state: q(".state .badge"), progress: q(".progress"), bar: q(".progress div"), note: q(".state .note"),
       size: q(".size"), active: q(".active"), idle: q(".idle"), ttl: q(".ttl"),
+      kvbar: q(".kvbar"), weights: q(".seg.weights"), live: q(".seg.live"), pcache: q(".seg.pcache"), kvnote: q(".kvnote"),
       pin: q("button.pin"), load: q("button.load"), ttlInput: q(".ttl-form input"),
     };
   }
@@ -285,6 +288,7 @@
     if (m.state === "loaded" && m.load_seconds != null && !m.load_note) r.note.textContent = "loaded in " + m.load_seconds + " s";
 
     r.size.textContent = fmtBytes(m.size_bytes) + " / " + (m.measured_bytes != null ? fmtBytes(m.measured_bytes) : "–");
+    updateMemory(r, m);
     r.active.textContent = String(m.active_requests || 0);
     r.idle.textContent = m.idle_seconds != null ? fmtDuration(m.idle_seconds + later) : "–";
 
@@ -309,7 +313,34 @@
     if (document.activeElement !== r.ttlInput) r.ttlInput.placeholder = placeholder;
   }
 
+  // One stacked bar per loaded model: its weights, its running requests' KV and its prompt cache,
+  // all drawn to one scale (the largest loaded model's total), with the cache's hit rate.
+  let memoryScale = 1;
+
+  function modelTotal(m) {
+    return (m.measured_bytes || 0) + (m.kv_bytes || 0) + (m.prompt_cache_bytes || 0);
+  }
+
+  function updateMemory(r, m) {
+    const loaded = m.state === "loaded";
+    r.kvbar.hidden = !loaded;
+    if (!loaded) {
+      r.kvnote.textContent = "";
+      return;
+    }
+    const parts = [[r.weights, m.measured_bytes, "weights"], [r.live, m.kv_bytes, "live KV"],
+                   [r.pcache, m.prompt_cache_bytes, "prompt cache"]];
+    for (const [seg, bytes] of parts) seg.style.width = (100 * (bytes || 0)) / memoryScale + "%";
+    r.kvbar.title = parts.map(([, bytes, name]) => name + " " + fmtBytes(bytes || 0)).join(" · ");
+    r.kvbar.setAttribute("aria-label", r.kvbar.title);
+    const asked = (m.prompt_cache_hits || 0) + (m.prompt_cache_misses || 0);
+    const rate = asked ? Math.round((100 * m.prompt_cache_hits) / asked) + "% hits" : "no requests yet";
+    r.kvnote.textContent = "KV " + fmtBytes(m.kv_bytes || 0) + " · cache " + fmtBytes(m.prompt_cache_bytes || 0) +
+      " (" + (m.prompt_cache_entries || 0) + ") · " + rate;
+  }
+
   function renderModels(s) {
+    memoryScale = Math.max(1, ...s.models.filter((m) => m.state === "loaded").map(modelTotal));
     const tbody = document.querySelector("#models tbody");
     const later = elapsed();
     const seen = new Set();

@@ -5,6 +5,7 @@ arrive without reloading the page. Screenshots land in test-artifacts/."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,6 +73,13 @@ def test_pin_load_and_watch_an_eviction(start_server, make_model, browser):
     expect(demo.locator(".state .badge")).to_have_text("unloaded")
     assert page.evaluate("window.__sameDocument") is True, "the page reloaded"
     assert page.locator("#chart canvas").count() == 1
+
+    # a chat fills the loaded model's prompt cache: its memory bar grows a cache segment and a hit rate
+    for _ in range(2):
+        assert server.chat(SECOND).status_code == 200
+    expect(second.locator(".kvnote")).to_contain_text("50% hits")
+    expect(second.locator(".kvbar")).to_have_attribute("title", re.compile(r"prompt cache [1-9]"))
+    assert float(second.locator(".seg.pcache").evaluate("e => parseFloat(e.style.width)")) > 0
 
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)

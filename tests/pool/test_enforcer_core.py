@@ -183,3 +183,16 @@ async def test_pressure_walks_the_prompt_cache_cap_down_and_back_up(models):
         caps.append(engine.prompt_cache_cap // MB)
     assert caps == [40, 20, 10, 20, 40, 80]
     assert core.states() == {"a": "loaded", "b": "loaded", "c": "unloaded"}
+
+
+@pytest.mark.parametrize("base, step", [(0, 2048), (720, 512), (800, 128)])
+async def test_the_prefill_step_shrinks_under_pressure(models, base, step):
+    core = Core(models, memory_ceiling=CEILING)
+    await loaded(core, "a", "b")
+    for name in "ab":
+        core.pool.entries[name].leases = 1                               # busy: nothing is evicted
+    core.memory.base = base * MB
+    await core.enforcer.tick()
+    assert core.engines.engines["a"].prefill_step == core.pool.prefill_step == step
+    await core.pool.load("c")                                            # a model loaded now starts with it
+    assert core.engines.engines["c"].prefill_step == step
