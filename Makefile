@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: run test setup install browser bench-single bench-enforcer bench-dashboard soak clean
+.PHONY: run test setup install browser bench-single bench-enforcer bench-dashboard bench-multiturn bench-resume bench-kv soak clean
 
 run: setup
 	$(PY) manage.py serve
@@ -43,6 +43,15 @@ bench-enforcer: setup
 
 bench-dashboard: setup
 	$(PY) benchmarks/dashboard_latency.py
+
+bench-multiturn: setup
+	$(PY) benchmarks/multiturn.py
+
+bench-resume: setup
+	$(PY) benchmarks/resume.py
+
+bench-kv: setup
+	$(PY) benchmarks/kv_memory.py
 
 soak: setup browser
 	$(PY) -m pytest -q -m slow

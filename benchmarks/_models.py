@@ -20,10 +20,10 @@ def demo_model() -> Path:
     return out
 
 
-def fixture(name: str, size_mb: float, seed: int = 0) -> Path:
+def fixture(name: str, size_mb: float, seed: int = 0, dtype: str = "float32") -> Path:
     from pool.fixture_models import make_fixture_model
 
     out = CACHE / "fixtures" / name
     if not (out / "config.json").exists():
-        make_fixture_model(out, size_mb, tokenizer_from=demo_model(), seed=seed)
+        make_fixture_model(out, size_mb, tokenizer_from=demo_model(), seed=seed, dtype=dtype)
     return out

@@ -81,7 +81,7 @@ class Serving:
         stack = AsyncExitStack()
         try:
             engine = await stack.enter_async_context(self.pool.lease(entry.id, keep_alive=spec.keep_alive))
-            kv = _kv(spec, entry.settings)
+            kv = _kv(spec, entry.settings, engine.model_info)
             tokens = await _encode(engine, spec)
             self.admission.check_prefill(entry.id, engine.model_info, len(tokens), self.pool.views(),
                                          param=spec.prompt_param, kv=kv)
@@ -101,9 +101,9 @@ async def _encode(engine: EngineLike, spec: CompletionSpec) -> list[int]:
         raise BadRequest(f"The model's {what}: {e}", param=spec.prompt_param) from None
 
 
-def _kv(spec: CompletionSpec, defaults: dict) -> KVConfig:
+def _kv(spec: CompletionSpec, defaults: dict, model_info: dict) -> KVConfig:
     try:
-        return kv_config(spec.kv, defaults)
+        return kv_config(spec.kv, defaults, head_dim=model_info.get("head_dim"))
     except KVFieldError as e:
         where = "" if e.field in spec.kv else " (the model's default)"
         raise BadRequest(f"{e}{where}", param=e.field) from None

@@ -55,8 +55,9 @@ def field_problem(name: str, value) -> str | None:
     return None
 
 
-def kv_config(requested: dict, defaults: dict | None = None) -> KVConfig:
-    """The request's fields over the model's defaults -> a KVConfig; KVFieldError names a bad one."""
+def kv_config(requested: dict, defaults: dict | None = None, *, head_dim: int | None = None) -> KVConfig:
+    """The request's fields over the model's defaults -> a KVConfig; KVFieldError names a bad one.
+    Quantized KV groups a head's elements: the group size must divide the model's head_dim."""
     values = {}
     for name in FIELDS:
         value = requested.get(name)
@@ -68,8 +69,13 @@ def kv_config(requested: dict, defaults: dict | None = None) -> KVConfig:
         values[name] = value
     if values["max_kv_size"] is not None and values["kv_bits"] is not None:
         raise KVFieldError("kv_bits", "cannot be combined with max_kv_size: mlx-lm does not quantize a rotating cache")
-    return KVConfig(max_kv_size=values["max_kv_size"], kv_bits=values["kv_bits"],
-                    kv_group_size=values["kv_group_size"] or 64, quantized_kv_start=values["quantized_kv_start"] or 0)
+    config = KVConfig(max_kv_size=values["max_kv_size"], kv_bits=values["kv_bits"],
+                      kv_group_size=values["kv_group_size"] or 64, quantized_kv_start=values["quantized_kv_start"] or 0)
+    if config.kv_bits is not None and head_dim and head_dim % config.kv_group_size:
+        fits = ", ".join(str(g) for g in KV_GROUP_SIZES if head_dim % g == 0) or "none"
+        raise KVFieldError("kv_group_size", f"must divide the model's head_dim ({head_dim}): {config.kv_group_size} "
+                                            f"does not (sizes that do: {fits})")
+    return config
 
 
 def kv_estimate(*, layers: int, kv_heads: int, head_dim: int, bytes_per_element: int, tokens: int,

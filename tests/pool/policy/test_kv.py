@@ -71,3 +71,11 @@ def test_bad_kv_fields_name_the_field(requested, field):
     with pytest.raises(KVFieldError) as refused:
         kv_config(requested)
     assert refused.value.field == field and str(refused.value).startswith(f"'{field}' ")
+
+
+def test_the_group_size_must_divide_the_models_head_dim():
+    assert kv_config({"kv_bits": 4, "kv_group_size": 32}, head_dim=32) == KVConfig(kv_bits=4, kv_group_size=32)
+    with pytest.raises(KVFieldError, match=r"head_dim \(32\).*sizes that do: 32") as refused:
+        kv_config({"kv_bits": 4}, head_dim=32)
+    assert refused.value.field == "kv_group_size"
+    assert kv_config({"max_kv_size": 256}, head_dim=32) == KVConfig(max_kv_size=256)   # no groups without kv_bits
