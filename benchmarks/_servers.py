@@ -69,6 +69,12 @@ def _wait(url: str, proc: subprocess.Popen, path: str, timeout: float = 300) -> 
     raise RuntimeError(f"{url}: the server did not start")
 
 
+def _log_target():
+    """Where a server's output goes: OMLX_BENCH_LOG (a file, appended) when set, else nowhere."""
+    path = os.environ.get("OMLX_BENCH_LOG")
+    return open(path, "ab") if path else subprocess.DEVNULL
+
+
 def start_omlx(model: Path, **env_overrides) -> Running:
     home = Path(tempfile.mkdtemp(prefix="omlx-bench-"))
     (home / "models").mkdir()
@@ -76,8 +82,9 @@ def start_omlx(model: Path, **env_overrides) -> Running:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_")}
     env.update(OMLX_HOME=str(home), OMLX_MODEL_DIRS=str(home / "models"), **env_overrides)
     port = free_port()
+    log = _log_target()
     proc = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(port)], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     _wait(url, proc, "/health")
     return Running("omlx-site", proc, url, model.name, home)

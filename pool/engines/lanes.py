@@ -38,7 +38,11 @@ class BatchLane:
         self._live: set[int] = set()
 
     def set_prefill_step(self, tokens: int) -> None:
-        self._generator.prefill_step_size = tokens   # read by each step: the next chunk uses it
+        # read by each step: the next chunk uses it. A rotating cache holds its window plus the chunk
+        # being read, so its chunks are a quarter of the window: the peak stays near the window.
+        if self.config.max_kv_size is not None:
+            tokens = min(tokens, max(ROTATING_KEEP * 16, self.config.max_kv_size // 4))
+        self._generator.prefill_step_size = tokens
 
     def insert(self, tokens: list[int], *, cache, all_tokens: list[int], max_tokens: int, sampler) -> int:
         if cache is None and self.config.max_kv_size is not None:
