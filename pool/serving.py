@@ -103,7 +103,8 @@ async def _encode(engine: EngineLike, spec: CompletionSpec) -> list[int]:
 
 def _kv(spec: CompletionSpec, defaults: dict, model_info: dict) -> KVConfig:
     try:
-        return kv_config(spec.kv, defaults, head_dim=model_info.get("head_dim"))
+        return kv_config(spec.kv, defaults, head_dim=model_info.get("head_dim"),
+                         quantized_kv=model_info.get("quantized_kv", True))
     except KVFieldError as e:
         where = "" if e.field in spec.kv else " (the model's default)"
         raise BadRequest(f"{e}{where}", param=e.field) from None

@@ -39,4 +39,7 @@ def model_info(model, config: dict) -> dict:
     bytes_per_element = 4 if "32" in dtype else 2
     return {"layers": int(layers), "kv_heads": int(kv_heads), "head_dim": int(head_dim),
             "bytes_per_element": bytes_per_element,
-            "context_length": config.get("max_position_embeddings")}
+            "context_length": config.get("max_position_embeddings"),
+            # MLX's CUDA backend has no quantized_matmul for attention over a quantized KV cache
+            # (seen on an H200 with mlx 0.32.4): such requests would fail mid-generation
+            "quantized_kv": not mx.cuda.is_available()}

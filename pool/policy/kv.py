@@ -55,9 +55,11 @@ def field_problem(name: str, value) -> str | None:
     return None
 
 
-def kv_config(requested: dict, defaults: dict | None = None, *, head_dim: int | None = None) -> KVConfig:
+def kv_config(requested: dict, defaults: dict | None = None, *, head_dim: int | None = None,
+              quantized_kv: bool = True) -> KVConfig:
     """The request's fields over the model's defaults -> a KVConfig; KVFieldError names a bad one.
-    Quantized KV groups a head's elements: the group size must divide the model's head_dim."""
+    Quantized KV groups a head's elements: the group size must divide the model's head_dim; and the
+    backend must have a kernel for it (`quantized_kv`)."""
     values = {}
     for name in FIELDS:
         value = requested.get(name)
@@ -71,6 +73,9 @@ def kv_config(requested: dict, defaults: dict | None = None, *, head_dim: int | 
         raise KVFieldError("kv_bits", "cannot be combined with max_kv_size: mlx-lm does not quantize a rotating cache")
     config = KVConfig(max_kv_size=values["max_kv_size"], kv_bits=values["kv_bits"],
                       kv_group_size=values["kv_group_size"] or 64, quantized_kv_start=values["quantized_kv_start"] or 0)
+    if config.kv_bits is not None and not quantized_kv:
+        raise KVFieldError("kv_bits", "is not supported on this backend: MLX's CUDA backend has no kernel for "
+                                      "attention over a quantized KV cache")
     if config.kv_bits is not None and head_dim and head_dim % config.kv_group_size:
         fits = ", ".join(str(g) for g in KV_GROUP_SIZES if head_dim % g == 0) or "none"
         raise KVFieldError("kv_group_size", f"must divide the model's head_dim ({head_dim}): {config.kv_group_size} "

@@ -79,3 +79,10 @@ def test_the_group_size_must_divide_the_models_head_dim():
         kv_config({"kv_bits": 4}, head_dim=32)
     assert refused.value.field == "kv_group_size"
     assert kv_config({"max_kv_size": 256}, head_dim=32) == KVConfig(max_kv_size=256)   # no groups without kv_bits
+
+
+def test_a_backend_without_quantized_kv_refuses_kv_bits_but_not_the_rest():
+    with pytest.raises(KVFieldError, match="not supported on this backend") as refused:
+        kv_config({"kv_bits": 8}, quantized_kv=False)
+    assert refused.value.field == "kv_bits"
+    assert kv_config({"max_kv_size": 512}, quantized_kv=False) == KVConfig(max_kv_size=512)
