@@ -7,7 +7,6 @@ connection."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any
 
@@ -17,6 +16,7 @@ from pool import services
 from pool.broadcast import GROUP
 from pool.errors import BadRequest, PoolError
 from pool.runtime import ensure_started
+from pool.strict_json import loads_strict
 
 from .access import may_view, same_origin
 
@@ -55,7 +55,7 @@ class PoolConsumer(AsyncJsonWebsocketConsumer):
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
         try:
-            message = json.loads(text_data if text_data is not None else bytes_data)
+            message = loads_strict(text_data if text_data is not None else bytes_data)
         except (TypeError, ValueError):
             await self.send_error('malformed JSON: send {"action": "pin", "model": "<id>"}')
             return

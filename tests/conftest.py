@@ -134,8 +134,8 @@ class Server:
 
     def openai(self, **kw):
         from openai import OpenAI
-        return OpenAI(base_url=self.url + "/v1", api_key=self.env.get("OMLX_API_KEY") or "none", max_retries=0,
-                      timeout=120, **kw)
+        kw.setdefault("max_retries", 0)
+        return OpenAI(base_url=self.url + "/v1", api_key=self.env.get("OMLX_API_KEY") or "none", timeout=120, **kw)
 
     def pool(self) -> dict:
         return self.get("/api/pool").json()

@@ -18,10 +18,17 @@ def envelope(error: PoolError) -> dict:
     return {"error": body}
 
 
+# The official SDKs retry 409 and 5xx by default; these cannot change by retrying (a model too large,
+# a failed load), and the SDKs honour this header. 503s keep Retry-After instead.
+NO_RETRY_STATUSES = (409, 507)
+
+
 def error_response(error: PoolError) -> JsonResponse:
     response = JsonResponse(envelope(error), status=error.status)
     for name, value in error.headers.items():
         response[name] = value
+    if error.status in NO_RETRY_STATUSES:
+        response["x-should-retry"] = "false"
     return response
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -10,6 +9,7 @@ from django.core.exceptions import RequestDataTooBig
 
 from ..conf import parse_duration
 from ..errors import BadRequest
+from ..strict_json import loads_strict
 from ..policy import kv
 from ..serving import CompletionSpec
 
@@ -30,7 +30,7 @@ def json_body(request) -> dict:
     except RequestDataTooBig:
         raise BadRequest(f"The body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE // 2**20} MiB.") from None
     try:
-        body = json.loads(raw or b"")
+        body = loads_strict(raw or b"")
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequest(f"The body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
@@ -49,14 +49,14 @@ def _number(body, name, lo, hi, *, lo_open=False):
     return float(value)
 
 
-def _int(body, name, *, minimum):
+def _int(body, name, *, minimum, maximum=2**63 - 1):
     value = body.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise BadRequest(f"'{name}' must be an integer", param=name)
-    if value < minimum:
-        raise BadRequest(f"'{name}' must be >= {minimum}; got {value}", param=name)
+    if not minimum <= value <= maximum:
+        raise BadRequest(f"'{name}' must be between {minimum} and {maximum}", param=name)
     return value
 
 
@@ -148,7 +148,7 @@ def parse_completion(body: dict, *, chat: bool) -> CompletionRequest:
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' is required and must be a string", param="model")
     n = body.get("n", 1)
-    if n != 1:
+    if isinstance(n, bool) or n != 1:
         raise BadRequest("only n=1 is supported", param="n")
     stream = _flag(body, "stream", default=False)
     options = body.get("stream_options") or {}
@@ -165,7 +165,7 @@ def parse_completion(body: dict, *, chat: bool) -> CompletionRequest:
         temperature=_number(body, "temperature", 0, 2),
         top_p=_number(body, "top_p", 0, 1, lo_open=True),
         stop=_stop(body),
-        seed=_int(body, "seed", minimum=-(2**63)),
+        seed=_int(body, "seed", minimum=0, maximum=2**64 - 1),   # MLX's generator takes a uint64
         keep_alive=_keep_alive(body),
         cache_prompt=_flag(body, "cache_prompt", default=True),
         kv=_kv_fields(body),

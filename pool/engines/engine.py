@@ -251,12 +251,12 @@ class Engine:
 
     def _insert(self, req: _Request) -> None:
         p = req.params
-        if p.seed is not None:
-            mx.random.seed(p.seed)
-        cache = None
-        if p.cache_prompt and p.kv.default and self._prompt_cache is not None:
-            cache, req.cached_tokens = self._prompt_cache.fetch(req.tokens)
-        try:
+        try:   # anything that fails here ends this request, never the engine's thread
+            if p.seed is not None:
+                mx.random.seed(p.seed)
+            cache = None
+            if p.cache_prompt and p.kv.default and self._prompt_cache is not None:
+                cache, req.cached_tokens = self._prompt_cache.fetch(req.tokens)
             req.lane = self._lane_for(p.kv)
             req.uid = self._lanes[req.lane].insert(
                 req.tokens[req.cached_tokens:], cache=cache, all_tokens=req.tokens[:req.cached_tokens],
@@ -319,9 +319,14 @@ class Engine:
                 req = self._requests.get((key, step.uid))
                 if req is None:
                     continue
-                if step.finish_reason is not None:
-                    self._store(req, step.prompt_cache, step.all_tokens)
-                self._deliver(req, step.token, step.finish_reason)
+                try:   # a request that fails here ends alone; the lane and the thread go on
+                    if step.finish_reason is not None:
+                        self._store(req, step.prompt_cache, step.all_tokens)
+                    self._deliver(req, step.token, step.finish_reason)
+                except Exception as e:  # noqa: BLE001
+                    log.exception("delivering a token failed on %s", self.model_id)
+                    self._remove(req)
+                    req.emit(EngineError(f"generation failed: {type(e).__name__}"))
             self._retire(key)
         self._update_cache_stats()
 

@@ -91,6 +91,10 @@ def test_seed_repeats(server):
     ({"model": DEMO, "messages": QUESTION, "stop": 5}, "stop"),
     ({"model": DEMO, "messages": QUESTION, "stream": "yes"}, "stream"),
     ({"model": DEMO, "messages": QUESTION, "keep_alive": "soon"}, "keep_alive"),
+    ({"model": DEMO, "messages": QUESTION, "seed": -1}, "seed"),
+    ({"model": DEMO, "messages": QUESTION, "seed": 2**64}, "seed"),
+    ({"model": DEMO, "messages": QUESTION, "n": True}, "n"),
+    ({"model": DEMO, "messages": QUESTION, "stream_options": {"include_usage": "no"}}, "include_usage"),
 ])
 def test_bad_fields_are_400_naming_the_field(server, body, param):
     r = server.post("/v1/chat/completions", body)
@@ -103,6 +107,38 @@ def test_bad_fields_are_400_naming_the_field(server, body, param):
 def test_malformed_json(server):
     r = server.post("/v1/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"model": "tiny", "prompt": "x", "temperature": NaN}',
+    b'{"model": "tiny", "prompt": "x", "keep_alive": Infinity}',
+    b'{"model": "tiny", "prompt": "x", "top_p": -Infinity}',
+    b"[" * 100_000,
+    b'{"model": "tiny", "messages": ' + b'{"a": ' * 2000 + b"1" + b"}" * 2000 + b"}",
+], ids=["nan", "infinity", "minus-infinity", "deep-list", "deep-objects"])
+def test_non_finite_numbers_and_deep_nesting_are_400s(server, raw):
+    r = server.post("/v1/completions", content=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text[:300]
+    assert server.get("/api/pool").status_code == 200        # and nothing of it reached the snapshot
+
+
+def test_a_bad_seed_never_wedges_the_model(server):
+    for seed in (-1, 2**64):
+        assert server.post("/v1/completions", {"model": "tiny", "prompt": "x", "seed": seed}).status_code == 400
+    r = server.post("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2, "seed": 2**64 - 1})
+    assert r.status_code == 200, r.text
+
+
+def test_answers_a_retry_cannot_change_tell_the_sdks_not_to_retry(start_server, make_model):
+    server = start_server({"big": make_model("api-big", 60)}, OMLX_MAX_MODEL_MEMORY="50MB")
+    r = server.chat("big")
+    assert r.status_code == 507 and r.headers["x-should-retry"] == "false"
+    client = server.openai(max_retries=2)
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.completions.create(model="big", prompt="x", max_tokens=1)
+    assert refused.value.status_code == 507
+    metrics = server.get("/metrics").text
+    assert 'requests_total{model="big"} 2.0' in metrics.splitlines()   # the SDK sent it once, not three times
 
 
 def test_unknown_model_404_lists_ids(server):
