@@ -9,9 +9,9 @@ from django.core.exceptions import RequestDataTooBig
 
 from ..conf import parse_duration
 from ..errors import BadRequest
-from ..strict_json import loads_strict
 from ..policy import kv
 from ..serving import CompletionSpec
+from ..strict_json import loads_strict
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 import mlx.core as mx
+import psutil
 from mlx_lm.generate import generation_stream
 from mlx_lm.sample_utils import make_sampler
 
@@ -85,7 +86,6 @@ def _resolve(cmd: _Command, result: Any = None, error: BaseException | None = No
 
 
 def _rss() -> int:
-    import psutil
     return psutil.Process().memory_info().rss
 
 
