@@ -57,6 +57,7 @@ class DiskCache:
     fingerprint: str
     stats: DiskStats = field(default_factory=DiskStats)
     _index: dict[str, list[int]] = field(default_factory=dict)   # file name -> its tokens
+    _sizes: dict[str, int] = field(default_factory=dict)         # file name -> its bytes (read per step)
 
     def __post_init__(self):
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -71,12 +72,13 @@ class DiskCache:
                 stale.unlink(missing_ok=True)
         self._index = {name: tokens for name, tokens in index.get("entries", {}).items()
                        if (self.folder / name).exists()}
+        self._sizes = {name: self._size(name) for name in self._index}
         for orphan in self.folder.glob(f"*{PARTIAL}"):
             orphan.unlink(missing_ok=True)   # a spill that a kill cut short
 
     @property
     def nbytes(self) -> int:
-        return sum(self._size(name) for name in self._index)
+        return sum(self._sizes.values())
 
     @property
     def entries(self) -> int:
@@ -98,6 +100,7 @@ class DiskCache:
             partial.unlink(missing_ok=True)
             return
         self._index[name] = list(tokens)
+        self._sizes[name] = self._size(name)
         self.stats.writes += 1
         self._evict_over_cap()
         self._write_index()
@@ -130,11 +133,12 @@ class DiskCache:
         total = self.nbytes
         while by_age and total > self.max_bytes:
             name = by_age.pop(0)
-            total -= self._size(name)
+            total -= self._sizes.get(name, 0)
             self._forget(name, write=False)
 
     def _forget(self, name: str, *, write: bool = True) -> None:
         self._index.pop(name, None)
+        self._sizes.pop(name, None)
         (self.folder / name).unlink(missing_ok=True)
         if write:
             self._write_index()
