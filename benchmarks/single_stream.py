@@ -9,47 +9,15 @@ greedy settings. Decode tokens/s counts the tokens after the first over the time
 
 import argparse
 import json
-import os
-import shutil
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
 
-from _models import ROOT, demo_model
+from _models import demo_model
+from _servers import start_omlx
 
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(model: Path) -> tuple[subprocess.Popen, str, Path]:
-    home = Path(tempfile.mkdtemp(prefix="omlx-bench-"))
-    (home / "models").mkdir()
-    (home / "models" / model.name).symlink_to(model)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_")}
-    env.update(OMLX_HOME=str(home), OMLX_MODEL_DIRS=str(home / "models"))
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(port)], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url, home
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise RuntimeError("the server did not start")
 
 
 def decode_rate(token_times: list[float]) -> float:
@@ -87,7 +55,8 @@ def main():
     p.add_argument("--runs", type=int, default=3)
     args = p.parse_args()
     model = demo_model()
-    proc, url, home = start_server(model)
+    omlx = start_omlx(model)
+    url = omlx.url
     try:
         server_run(url, model.name, 4)  # load and warm up
         from mlx_lm import load
@@ -98,9 +67,7 @@ def main():
             server.append(server_run(url, model.name, args.tokens))
             raw.append(raw_run(raw_model, tokenizer, args.tokens))
     finally:
-        proc.terminate()
-        proc.wait(30)
-        shutil.rmtree(home, ignore_errors=True)
+        omlx.stop()
     s, r = statistics.median(server), statistics.median(raw)
     print(f"model {model.name}, {args.tokens} greedy tokens, {args.runs} runs each, alternating")
     print(f"server (SSE, openai-style):     {s:6.2f} decode tok/s   runs {', '.join(f'{x:.2f}' for x in server)}")
