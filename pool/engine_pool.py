@@ -178,7 +178,7 @@ class EnginePool(Relief):
 
     def prompt_cache_bytes(self) -> int:
         """What every loaded model's prompt cache holds: free to drop, so reclaimable."""
-        return sum(s.prompt_cache_bytes for s in map(self.cache_stats, list(self.entries)) if s is not None)
+        return sum(engine.cache_stats.prompt_cache_bytes for engine in self._loaded_engines())
 
     # ---- requests ----------------------------------------------------------------------------
 
