@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: run test setup install browser bench-single bench-enforcer bench-dashboard bench-multiturn bench-resume bench-kv soak clean
+.PHONY: run test setup install blas browser bench-cpu bench-single bench-concurrency bench-isolation bench-swap bench-enforcer bench-dashboard bench-multiturn bench-resume bench-kv soak clean
 
 run: setup
 	$(PY) manage.py serve
@@ -13,7 +13,7 @@ run: setup
 test: setup browser
 	$(PY) -m pytest -q
 
-setup: $(STAMP)
+setup: $(STAMP) blas
 	$(PY) manage.py migrate --noinput -v 0
 	$(PY) manage.py prepare_demo
 
@@ -29,6 +29,14 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# Debian's OpenBLAS, which pool/blas.py loads before MLX: the mlx-cpu wheel's bundled reference BLAS is
+# about 50x slower. Debian/Ubuntu only; without it (or elsewhere) the server still runs, on the bundled one.
+blas:
+	@if command -v apt-get >/dev/null && ! dpkg -s libopenblas0-pthread >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq libopenblas0-pthread >/dev/null; } \
+	  || echo "could not install libopenblas0-pthread: MLX will use its bundled BLAS (slow)"; fi
+
 # Debian's chromium for the dashboard's browser test (Playwright cannot download its own browsers here).
 browser:
 	@test -x $(CHROMIUM) || { \
@@ -37,6 +45,18 @@ browser:
 
 bench-single: setup
 	$(PY) benchmarks/single_stream.py
+
+bench-concurrency: setup
+	$(PY) benchmarks/concurrency.py
+
+bench-isolation: setup
+	$(PY) benchmarks/isolation.py
+
+bench-swap: setup
+	$(PY) benchmarks/swap.py
+
+bench-cpu: setup
+	$(PY) benchmarks/cpu_path.py
 
 bench-enforcer: setup
 	$(PY) benchmarks/enforcer_reaction.py

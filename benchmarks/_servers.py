@@ -1,9 +1,11 @@
 """The servers a benchmark compares, started on free ports over one model folder: omlx-site
-(`manage.py serve` on a fresh OMLX_HOME, as a user runs it) and mlx_lm.server."""
+(`manage.py serve` on a fresh OMLX_HOME, as a user runs it) and mlx_lm.server; the streamed chat
+clients (blocking, and asyncio for many at once) and the statistics the benchmarks print."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import socket
@@ -37,22 +39,85 @@ class Running:
         if self.home is not None:
             shutil.rmtree(self.home, ignore_errors=True)
 
-    def stream_chat(self, messages: list[dict], max_tokens: int, **extra) -> dict:
-        """One streamed chat: time to first content token, the text, and usage when given."""
-        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+    def chat_body(self, messages: list[dict], max_tokens: int, model: str | None = None, **extra) -> dict:
+        return {"model": model or self.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
                 "stream": True, "stream_options": {"include_usage": True}, **extra}
-        started, first, parts, usage = time.perf_counter(), None, [], {}
-        with httpx.stream("POST", self.url + "/v1/chat/completions", json=body, timeout=900) as r:
+
+    def stream_chat(self, messages: list[dict], max_tokens: int, *, reply: StreamReply | None = None, **extra) -> dict:
+        """One streamed chat: time to first content token, the text, usage when given, and the
+        arrival time of each content chunk (`times`, perf_counter seconds). Another thread may
+        watch `reply.times` grow while it runs."""
+        reply = reply or StreamReply()
+        with httpx.stream("POST", self.url + "/v1/chat/completions", json=self.chat_body(messages, max_tokens, **extra),
+                          timeout=900) as r:
             r.raise_for_status()
             for line in r.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
-                    first = first or time.perf_counter()
-                    parts.append(chunk["choices"][0]["delta"]["content"])
-                usage = chunk.get("usage") or usage
-        return {"ttft": (first or time.perf_counter()) - started, "text": "".join(parts), "usage": usage}
+                reply.read(line)
+        return reply.done()
+
+    async def astream_chat(self, client: httpx.AsyncClient, messages: list[dict], max_tokens: int, **extra) -> dict:
+        """stream_chat for asyncio clients; a failed request (refused, dropped, an error status) comes
+        back as {"error": ...} instead of raising, so a wave counts its failures."""
+        reply = StreamReply()
+        try:
+            async with client.stream("POST", self.url + "/v1/chat/completions",
+                                     json=self.chat_body(messages, max_tokens, **extra), timeout=900) as r:
+                r.raise_for_status()
+                async for line in r.aiter_lines():
+                    reply.read(line)
+        except (httpx.HTTPError, json.JSONDecodeError) as e:
+            return {"error": f"{type(e).__name__}: {e}"}
+        if not reply.times or not reply.usage:
+            return {"error": "the stream ended without tokens or usage"}
+        return reply.done()
+
+    def post(self, path: str, **body) -> dict:
+        r = httpx.post(self.url + path, json=body, timeout=900)
+        r.raise_for_status()
+        return r.json()
+
+
+class StreamReply:
+    """The SSE lines of one streamed chat, read as they arrive."""
+
+    def __init__(self):
+        self.started, self.times, self.parts, self.usage = time.perf_counter(), [], [], {}
+
+    def read(self, line: str) -> None:
+        if not line.startswith("data: {"):
+            return
+        chunk = json.loads(line[6:])
+        if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
+            self.times.append(time.perf_counter())
+            self.parts.append(chunk["choices"][0]["delta"]["content"])
+        self.usage = chunk.get("usage") or self.usage
+
+    def done(self) -> dict:
+        first = self.times[0] if self.times else time.perf_counter()
+        return {"ttft": first - self.started, "text": "".join(self.parts), "usage": self.usage,
+                "started": self.started, "times": self.times}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100) by linear interpolation; nan for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def gaps(times: list[float], start: float = -math.inf, end: float = math.inf) -> list[float]:
+    """Seconds between consecutive arrivals, for the arrivals in [start, end]."""
+    return [b - a for a, b in zip(times, times[1:]) if start <= b <= end]
+
+
+def numbered_prompt(i: int, text: str) -> list[dict]:
+    """A chat that differs from every other within its first words (a prefix cache can serve only the
+    chat template's opening) and whose length in tokens does not depend on i (digits are single
+    tokens in the tokenizers used here)."""
+    return [{"role": "user", "content": f"Request {i % 10**6:06d}. {text}"}]
 
 
 def _wait(url: str, proc: subprocess.Popen, path: str, timeout: float = 300) -> None:
@@ -75,10 +140,12 @@ def _log_target():
     return open(path, "ab") if path else subprocess.DEVNULL
 
 
-def start_omlx(model: Path, **env_overrides) -> Running:
+def start_omlx(model: Path, *more_models: Path, **env_overrides) -> Running:
+    """omlx-site serving `model` (the one its requests name by default) and any `more_models`."""
     home = Path(tempfile.mkdtemp(prefix="omlx-bench-"))
     (home / "models").mkdir()
-    (home / "models" / model.name).symlink_to(model)
+    for folder in (model, *more_models):
+        (home / "models" / folder.name).symlink_to(folder)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_")}
     env.update(OMLX_HOME=str(home), OMLX_MODEL_DIRS=str(home / "models"), **env_overrides)
     port = free_port()

@@ -1,43 +1,30 @@
-"""Decode speed of one stream: the demo model through the server vs raw mlx_lm.stream_generate.
+"""Decode speed of one stream: omlx-site vs mlx_lm.server vs raw mlx_lm.stream_generate, on the same
+model folder, prompt and greedy settings.
 
-Both run in this one script, one after the other, alternating, on the same model, prompt and
-greedy settings. Decode tokens/s counts the tokens after the first over the time after the first
-(prefill excluded), the same way on both sides.
+All three run in this one script, taking turns run by run. Decode tokens/s counts the tokens after
+the first over the time after the first (prefill excluded), the same way on every side; a server's
+tokens are its usage's completion_tokens (an SSE chunk carries text, and a token that completes no
+character arrives with the next one). The bound share is decode tok/s against the bandwidth bound
+(_bandwidth.py: the device's copy rate / the model's weight bytes).
 
-    .venv/bin/python benchmarks/single_stream.py [--tokens 64] [--runs 3]
+    .venv/bin/python benchmarks/single_stream.py [--model PATH] [--tokens 64] [--runs 3]
 """
 
 import argparse
-import json
 import statistics
 import time
+from pathlib import Path
 
-import httpx
-
+from _bandwidth import Bound
 from _models import demo_model
-from _servers import start_omlx
+from _servers import start_mlx_lm, start_omlx
 
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
 
 
-def decode_rate(token_times: list[float]) -> float:
-    return (len(token_times) - 1) / (token_times[-1] - token_times[0])
-
-
-def server_run(url: str, model_id: str, tokens: int) -> float:
-    times = []
-    body = {"model": model_id, "messages": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as r:
-        for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                times.append(time.perf_counter())
-            if chunk.get("usage"):
-                completion = chunk["usage"]["completion_tokens"]
-    # SSE chunks carry text; a token that completes no character arrives with the next one
+def server_run(server, tokens: int) -> float:
+    reply = server.stream_chat(PROMPT, tokens)
+    times, completion = reply["times"], reply["usage"]["completion_tokens"]
     return (completion - 1) / (times[-1] - times[0]) if len(times) > 1 else float("nan")
 
 
@@ -46,33 +33,43 @@ def raw_run(model, tokenizer, tokens: int) -> float:
 
     prompt = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True)
     times = [time.perf_counter() for _ in stream_generate(model, tokenizer, prompt, max_tokens=tokens)]
-    return decode_rate(times)
+    return (len(times) - 1) / (times[-1] - times[0])
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, default=None, help="an mlx-lm model folder (default: the demo model)")
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--runs", type=int, default=3)
     args = p.parse_args()
-    model = demo_model()
-    omlx = start_omlx(model)
-    url = omlx.url
+    model = args.model or demo_model()
+    bound = Bound(model)
+    from mlx_lm import load
+
+    raw_model, tokenizer = load(str(model))
+    servers = []
     try:
-        server_run(url, model.name, 4)  # load and warm up
-        from mlx_lm import load
-        raw_model, tokenizer = load(str(model))
-        raw_run(raw_model, tokenizer, 4)
-        server, raw = [], []
+        for start in (start_omlx, start_mlx_lm):
+            servers.append(start(model))
+        sides = {server.name: (lambda s=server: server_run(s, args.tokens)) for server in servers}
+        sides["raw mlx_lm.stream_generate"] = lambda: raw_run(raw_model, tokenizer, args.tokens)
+        for run in sides.values():
+            run()                            # load and warm up
+        rates = {name: [] for name in sides}
         for _ in range(args.runs):
-            server.append(server_run(url, model.name, args.tokens))
-            raw.append(raw_run(raw_model, tokenizer, args.tokens))
+            for name, run in sides.items():
+                rates[name].append(run())
     finally:
-        omlx.stop()
-    s, r = statistics.median(server), statistics.median(raw)
-    print(f"model {model.name}, {args.tokens} greedy tokens, {args.runs} runs each, alternating")
-    print(f"server (SSE, openai-style):     {s:6.2f} decode tok/s   runs {', '.join(f'{x:.2f}' for x in server)}")
-    print(f"raw mlx_lm.stream_generate:     {r:6.2f} decode tok/s   runs {', '.join(f'{x:.2f}' for x in raw)}")
-    print(f"ratio server/raw: {s / r:.2f}")
+        for server in servers:
+            server.stop()
+    median = {name: statistics.median(r) for name, r in rates.items()}
+    print(f"model {model.name}, {args.tokens} greedy tokens, {args.runs} runs each, alternating; {bound.describe()}")
+    for name, runs in rates.items():
+        print(f"{name:28} {median[name]:7.2f} decode tok/s  ({bound.share(median[name]):4.0%} of the bound)   "
+              f"runs {', '.join(f'{x:.2f}' for x in runs)}")
+    ours = median["omlx-site"]
+    print(f"ratio omlx/raw: {ours / median['raw mlx_lm.stream_generate']:.2f}   "
+          f"ratio omlx/mlx_lm.server: {ours / median['mlx_lm.server']:.2f}")
 
 
 if __name__ == "__main__":

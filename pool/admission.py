@@ -14,6 +14,7 @@ from .policy.admission import ModelView, lru_victims
 from .policy.kv import KVConfig, kv_estimate
 from .policy.pressure import prefill_check
 from .policy.units import format_bytes
+from .policy.vocabulary import Rejection
 
 
 class Admission:
@@ -37,7 +38,7 @@ class Admission:
         if not self.paused:
             return
         if self.waiting >= self.conf.admission_queue:
-            self.on_reject("queue_full")
+            self.on_reject(Rejection.QUEUE_FULL)
             raise ServiceUnavailable("Memory pressure: admission is paused and the wait queue is full; "
                                      "retry shortly.", retry_after=self.retry_after)
         self.waiting += 1
@@ -45,7 +46,7 @@ class Admission:
             async with asyncio.timeout(self.conf.admission_wait):   # not wait_for: see enforcer._run
                 await self._open.wait()
         except TimeoutError:
-            self.on_reject("timeout")
+            self.on_reject(Rejection.TIMEOUT)
             raise ServiceUnavailable(f"Memory pressure: admission stayed paused for "
                                      f"{self.conf.admission_wait:g} s; retry shortly.",
                                      retry_after=self.retry_after) from None
@@ -69,7 +70,7 @@ class Admission:
         evictable = sum(v.footprint for v in lru_victims(views) if v.id != model_id)
         if not prefill_check(kv_estimate=estimate, usage=reading.usage, evictable_bytes=evictable,
                              hard_line=lines.hard):
-            self.on_reject("prefill")
+            self.on_reject(Rejection.PREFILL)
             raise BadRequest(f"The prompt ({prompt_tokens} tokens) needs about {format_bytes(estimate)} of "
                              f"KV cache, which cannot fit under the hard memory line "
                              f"({format_bytes(lines.hard)}) even after evicting every idle model.",

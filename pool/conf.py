@@ -75,6 +75,13 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be >= 1: {text!r}")
+    return value
+
+
 def choice(*options: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text.strip().lower() not in options:
@@ -117,6 +124,12 @@ SETTINGS: list[Setting] = [
     Setting("OMLX_HARD_FRACTION", "0.95", fraction, "hard pressure line as a fraction of the ceiling"),
     Setting("OMLX_ADMISSION_WAIT", "30", parse_duration, "seconds a new request may wait while admission is paused"),
     Setting("OMLX_ADMISSION_QUEUE", "32", non_negative_int, "requests that may wait while admission is paused"),
+    Setting("OMLX_MAX_CONCURRENT", "16", non_negative_int,
+            "requests that generate on one model at once; more wait in its queue; 0 = no limit"),
+    Setting("OMLX_QUEUE_PER_MODEL", "64", non_negative_int,
+            "requests that may wait for one model's slot (first come first served); beyond that a 503"),
+    Setting("OMLX_PREFILL_STEP", "512", positive_int,
+            "prompt tokens read per step; running streams decode a token between two steps (memory pressure lowers it)"),
     Setting("OMLX_TELEMETRY_DAYS", "7", float, "days of enforcer telemetry kept"),
     Setting("OMLX_PROMPT_CACHE_BYTES", "auto", size_or_keyword("auto", "off"),
             "each loaded model's prefix (prompt) cache cap: a size, `auto` = a tenth of the model budget, or `off`"),
@@ -125,6 +138,10 @@ SETTINGS: list[Setting] = [
             "each model's prompt cache disk tier under $OMLX_HOME/prompt-cache/: a size or `off`"),
     Setting("OMLX_MEMORY_PROBE", "real", choice("real", "fake"),
             "`fake` reads memory from $OMLX_HOME/fake_probe.json (tests only)"),
+    Setting("OMLX_BLAS", "auto", choice("auto", "openblas", "mkl", "off"),
+            "BLAS loaded before MLX on the CPU backend: `auto` = OpenBLAS, else MKL; `off` = MLX's bundled one"),
+    Setting("OMLX_CPU_DEQUANTIZE", "auto", choice("auto", "on", "off"),
+            "serve quantized models as float32 on the CPU backend: `auto` = when the float32 size fits the model budget"),
 ]
 
 
@@ -166,6 +183,16 @@ def get_settings() -> Settings:
         except ValueError as e:
             raise ImproperlyConfigured(f"{s.name}={raw!r}: {e}") from e
     return Settings(values)
+
+
+def read_setting(name: str) -> Any:
+    """One setting parsed from the environment now, uncached (for code that runs before Django)."""
+    s = next(s for s in SETTINGS if s.name == name)
+    raw = os.environ.get(s.name, s.default)
+    try:
+        return s.parse(raw)
+    except ValueError as e:
+        raise ImproperlyConfigured(f"{s.name}={raw!r}: {e}") from e
 
 
 def reload_settings() -> Settings:

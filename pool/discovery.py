@@ -7,7 +7,10 @@ Adapter folders (adapter_config.json) are skipped. The first folder found for an
 
 from __future__ import annotations
 
+import json
 import logging
+import math
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +22,7 @@ class ModelFolder:
     id: str
     path: Path
     size_bytes: int
+    dense_bytes: int | None = None   # float32 size once dequantized; None when not quantized
 
 
 def is_model_folder(path: Path) -> bool:
@@ -28,6 +32,48 @@ def is_model_folder(path: Path) -> bool:
 
 def weights_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.glob("*.safetensors"))  # stat follows HF's blob links
+
+
+def _safetensors_header(file: Path) -> dict:
+    with file.open("rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(length))
+
+
+def dense_size(path: Path) -> int | None:
+    """Bytes of the folder's weights dequantized, every float tensor as float32 (what
+    pool.engines.dequantize loads), from config.json's `quantization` and the safetensors headers,
+    without reading a weight. None when the folder is not quantized or cannot be read."""
+    try:
+        quant = json.loads((path / "config.json").read_text()).get("quantization")
+        if not isinstance(quant, dict):
+            return None
+        tensors = {}
+        for file in sorted(path.glob("*.safetensors")):
+            tensors.update(_safetensors_header(file))
+    except (OSError, ValueError, struct.error) as e:
+        log.warning("cannot size %s dequantized: %s", path, e)
+        return None
+    tensors.pop("__metadata__", None)
+    total = 0
+    for name, info in tensors.items():
+        module, _, kind = name.rpartition(".")
+        shape = info["shape"]
+        if f"{module}.scales" in tensors:
+            if kind in ("scales", "biases"):
+                continue   # folded into the dense weight
+            if kind == "weight":
+                layer = quant.get(module)
+                bits = (layer if isinstance(layer, dict) else quant).get("bits", 4)
+                total += 4 * math.prod(shape[:-1]) * shape[-1] * 32 // bits   # uint32 words -> elements
+                continue
+        itemsize = 4 if info["dtype"] in ("F16", "BF16", "F32", "F64") else _ITEMSIZE.get(info["dtype"], 4)
+        total += itemsize * math.prod(shape)
+    return total
+
+
+_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2,
+             "I32": 4, "U32": 4, "I64": 8, "U64": 8}
 
 
 def _hf_snapshot(repo_dir: Path) -> Path | None:
@@ -68,5 +114,5 @@ def discover(dirs: list[Path]) -> dict[str, ModelFolder]:
             if model_id in found:
                 log.warning("model id %r found twice; keeping %s, ignoring %s", model_id, found[model_id].path, path)
                 continue
-            found[model_id] = ModelFolder(model_id, path, weights_size(path))
+            found[model_id] = ModelFolder(model_id, path, weights_size(path), dense_size(path))
     return found

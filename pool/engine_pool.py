@@ -10,20 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .discovery import discover
-from .engines.types import CacheStats, EngineLike, LoadAborted as EngineLoadAborted
+from .blas import cpu_backend
+from .concurrency import ModelSlots
+from .discovery import ModelFolder, discover
+from .engines.types import CacheStats, EngineLike, LoadAborted as EngineLoadAborted, LoadResult
 from .errors import InsufficientMemory, LoadAborted, ModelBusy, ModelNotFound, ModelTooLarge, ModelUnavailable
 from .events import EventLog
 from .memory import MemoryReading
 from .names import resolve_name
 from .policy import idle
 from .policy.admission import AdmissionPlan, ModelView, auto_model_budget, plan_admission
+from .policy.dequantize import dequantize_budget, should_dequantize
 from .policy.pressure import prefill_step
 from .policy.vocabulary import ActionKind, Change, Level, ModelState, Reason, Refusal
 from .relief import Relief
@@ -83,8 +87,11 @@ class EnginePool(Relief):
         self.loads_total = 0
         self.load_seconds_total = 0.0
         self.cache_fraction = 1.0      # of the configured prompt cache cap; memory pressure walks it
-        self.prefill_step = prefill_step(Level.OK)   # prompt tokens per step; memory pressure lowers it
+        self.prefill_step = prefill_step(Level.OK, settings.prefill_step)   # prompt tokens per step; memory pressure lowers it
         self._tasks: set[asyncio.Task] = set()
+        # per-model concurrency: the serving door takes the slots, the snapshot shows them
+        self.slots = ModelSlots(limit=settings.max_concurrent, queue_limit=settings.queue_per_model,
+                                on_change=lambda model_id: self.events.changed(Change.QUEUE, model_id))
 
     # ---- discovery and settings -------------------------------------------------------------
 
@@ -100,12 +107,22 @@ class EnginePool(Relief):
             old = self.entries.get(model_id)
             if old is not None and old.state not in settled:
                 continue
-            entry = Entry(model_id, folder.path, folder.size_bytes)
+            entry = Entry(model_id, folder.path, self._load_size(folder))
             if old is not None:
                 entry.pinned, entry.ttl_seconds, entry.settings = old.pinned, old.ttl_seconds, old.settings
                 entry.measured_bytes = old.measured_bytes
             self.entries[model_id] = entry
         self.events.changed(Change.DISCOVERY)
+
+    def _load_size(self, folder: ModelFolder) -> int:
+        """What a load will take: the float32 size when the CPU backend serves the model dequantized
+        (pool.engines.dequantize makes the same decision at load time)."""
+        mode = getattr(self.conf, "cpu_dequantize", "off")
+        if folder.dense_bytes is None or mode == "off" or not cpu_backend():
+            return folder.size_bytes
+        budget = dequantize_budget(self.conf.max_model_memory, self.probe.read().capacity)
+        dense = should_dequantize(mode, cpu_backend=True, dense_bytes=folder.dense_bytes, budget=budget)
+        return folder.dense_bytes if dense else folder.size_bytes
 
     def apply_settings(self, model_id: str, values: dict[str, Any]) -> None:
         """A ModelSettings row changed (admin, API, CLI): takes effect at once."""
@@ -244,13 +261,10 @@ class EnginePool(Relief):
     async def _load(self, entry: Entry, plan: AdmissionPlan, requested_by: str | None) -> None:
         future = entry._load_future
         detail = f"to load '{entry.id}'" + ("" if plan.with_headroom else " without KV headroom")
+        unloads = [self._unload(self.entries[v.id], reason=v.reason, requested_by=requested_by or entry.id,
+                                detail=detail) for v in plan.victims]
         try:
-            await asyncio.gather(*(self._unload(self.entries[v.id], reason=v.reason,
-                                                requested_by=requested_by or entry.id, detail=detail)
-                                   for v in plan.victims))
-            if entry.engine.abort_load:
-                raise EngineLoadAborted("aborted before it started")
-            result = await entry.engine.load()
+            result = await self._load_beside(entry, unloads)
         except EngineLoadAborted:
             entry.state, entry.engine = State.UNLOADED, None
             future.set_exception(LoadAborted(f"Loading '{entry.id}' was aborted: process memory pressure. "
@@ -270,6 +284,21 @@ class EnginePool(Relief):
         finally:
             entry.load_started_at = None
             self.events.changed(Change.LOAD_END, entry.id)
+
+    async def _load_beside(self, entry: Entry, unloads: list) -> LoadResult:
+        """The new model reads its tokenizer and opens its files while the victims free their memory;
+        its weights take memory only once they are gone."""
+        memory_free = threading.Event()
+        loading = asyncio.ensure_future(entry.engine.load(memory_free=memory_free))
+        try:
+            await asyncio.gather(*unloads)
+        except BaseException:
+            entry.engine.abort_load = True       # the thread stops before the weights and ends
+            memory_free.set()
+            await asyncio.gather(loading, return_exceptions=True)
+            raise
+        memory_free.set()
+        return await loading
 
     # ---- unloading ---------------------------------------------------------------------------
 

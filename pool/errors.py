@@ -3,6 +3,8 @@ them, in one place, as OpenAI's envelope."""
 
 from __future__ import annotations
 
+from .policy.vocabulary import Rejection
+
 
 class PoolError(Exception):
     status = 500
@@ -71,6 +73,11 @@ class ServiceUnavailable(PoolError):
 
     def __init__(self, message: str, *, retry_after: int = 5, **kw):
         super().__init__(message, headers={"Retry-After": str(retry_after)}, **kw)
+
+
+class ModelQueueFull(ServiceUnavailable):
+    """The model runs its OMLX_MAX_CONCURRENT requests and OMLX_QUEUE_PER_MODEL more wait."""
+    code = Rejection.MODEL_QUEUE_FULL
 
 
 class EngineFailure(PoolError):

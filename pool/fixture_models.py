@@ -5,6 +5,10 @@ meaningless tokens. The vocabulary comes from a real tokenizer folder (the conve
 so every token id is in range. With 49152 tokens the tied embedding dominates small models
 (vocab * hidden * 4 bytes: 12.6 MB at hidden 64), so small targets get narrow hidden sizes and
 the feed-forward width absorbs what is left, which lands the file within a fraction of a percent.
+
+With `bits` (4 or 8) every linear layer and the embedding are affine-quantized in groups of 64, so
+the hidden, head and feed-forward widths are multiples of 64 (a width that is not would stay dense)
+and the plan counts a quantized parameter as bits/8 bytes plus its share of a scale and a bias.
 """
 
 from __future__ import annotations
@@ -20,11 +24,19 @@ from pool.gguf import replace_dir
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                    "special_tokens_map.json", "generation_config.json")
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+GROUP_SIZE = 64  # quantization group: every quantized width is a multiple of it
 
 
-def plan(target_bytes: float, vocab: int, itemsize: int = 4, max_layers: int = 24) -> dict:
+def quantized_param_bytes(bits: int, itemsize: int) -> float:
+    """Bytes per quantized weight: the packed bits plus one scale and one bias per group."""
+    return bits / 8 + 2 * itemsize / GROUP_SIZE
+
+
+def plan(target_bytes: float, vocab: int, itemsize: int = 4, max_layers: int = 24, bits: int | None = None) -> dict:
     """Shape for a tied-embedding llama of about target_bytes: the smallest hidden size that needs
     <= max_layers, or the widest that fits; then the FFN width fills the rest."""
+    if bits is not None:
+        return _plan_quantized(target_bytes, vocab, itemsize, max_layers, bits)
     params = target_bytes / itemsize
     best = None
     for hidden in [*range(16, 256, 16), *range(256, 16385, 64)]:
@@ -47,18 +59,45 @@ def plan(target_bytes: float, vocab: int, itemsize: int = 4, max_layers: int = 2
             "head_dim": head_dim}
 
 
-def planned_bytes(shape: dict, vocab: int, itemsize: int = 4) -> int:
+def _plan_quantized(target_bytes: float, vocab: int, itemsize: int, max_layers: int, bits: int) -> dict:
+    """plan() with every width a multiple of GROUP_SIZE and quantized weights (norms stay dense)."""
+    q, g = quantized_param_bytes(bits, itemsize), GROUP_SIZE
+    best = None
+    for hidden in range(g, 16385, g):
+        rest = target_bytes - q * vocab * hidden - itemsize * hidden
+        inter = g * max(1, round(hidden * 8 / 3 / g))
+        layer = q * (4 * hidden * hidden + 3 * hidden * inter) + itemsize * 2 * hidden
+        if rest < q * (4 * hidden * hidden + 3 * hidden * g) + itemsize * 2 * hidden:
+            break  # not even one layer with the narrowest FFN
+        best = hidden, max(1, round(rest / layer))
+        if best[1] <= max_layers:
+            break
+    if best is None:
+        raise ValueError(f"{target_bytes / 1e6:.1f} MB is too small for a {vocab}-token vocabulary at {bits} bits")
+    hidden, layers = best[0], min(best[1], max_layers)
+    rest = target_bytes - q * vocab * hidden - itemsize * hidden
+    per_layer_ffn = (rest / layers - itemsize * 2 * hidden) / q - 4 * hidden * hidden
+    inter = g * max(1, round(per_layer_ffn / (3 * hidden) / g))
+    return {"hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+            "num_attention_heads": hidden // g, "num_key_value_heads": hidden // g, "head_dim": g}
+
+
+def planned_bytes(shape: dict, vocab: int, itemsize: int = 4, bits: int | None = None) -> int:
     h, i, n = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
-    return itemsize * (vocab * h + h + n * (4 * h * h + 3 * h * i + 2 * h))
+    if bits is None:
+        return itemsize * (vocab * h + h + n * (4 * h * h + 3 * h * i + 2 * h))
+    quantized = vocab * h + n * (4 * h * h + 3 * h * i)
+    return round(quantized_param_bytes(bits, itemsize) * quantized + itemsize * (h + n * 2 * h))
 
 
 def make_fixture_model(out_dir: str | Path, size_mb: float, *, tokenizer_from: str | Path,
-                       dtype: str = "float32", seed: int = 0) -> dict:
+                       dtype: str = "float32", seed: int = 0, bits: int | None = None) -> dict:
     """Write a random llama folder of about size_mb megabytes (10**6 bytes) at out_dir, replacing it,
-    and return its config. Written into a hidden sibling temp folder and renamed into place."""
+    and return its config. With bits (4 or 8) every linear layer and the embedding are quantized.
+    Written into a hidden sibling temp folder and renamed into place."""
     import mlx.core as mx
     from mlx_lm.models import llama
-    from mlx_lm.utils import save_config, save_model
+    from mlx_lm.utils import quantize_model, save_config, save_model
     from tokenizers import Tokenizer
 
     src, out = Path(tokenizer_from), Path(out_dir)
@@ -67,11 +106,13 @@ def make_fixture_model(out_dir: str | Path, size_mb: float, *, tokenizer_from: s
                                 f"python manage.py prepare_demo)")
     if dtype not in ITEMSIZE:
         raise ValueError(f"dtype must be one of {', '.join(ITEMSIZE)}, got {dtype!r}")
+    if bits not in (None, 4, 8):
+        raise ValueError(f"bits must be 4 or 8, got {bits!r}")
     vocab = Tokenizer.from_file(str(src / "tokenizer.json")).get_vocab_size()
     src_cfg = json.loads((src / "config.json").read_text()) if (src / "config.json").is_file() else {}
     config = {
         "model_type": "llama", "architectures": ["LlamaForCausalLM"],
-        **plan(size_mb * 1e6, vocab, ITEMSIZE[dtype]),
+        **plan(size_mb * 1e6, vocab, ITEMSIZE[dtype], bits=bits),
         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 8192,
         "vocab_size": vocab, "tie_word_embeddings": True, "torch_dtype": dtype,
         **{k: src_cfg[k] for k in ("bos_token_id", "eos_token_id") if k in src_cfg},
@@ -79,6 +120,8 @@ def make_fixture_model(out_dir: str | Path, size_mb: float, *, tokenizer_from: s
     mx.random.seed(seed)
     model = llama.Model(llama.ModelArgs.from_dict(config))
     model.set_dtype(getattr(mx, dtype))
+    if bits is not None:
+        model, config = quantize_model(model, config, GROUP_SIZE, bits)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))

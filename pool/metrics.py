@@ -42,6 +42,11 @@ KV_GAUGES = (
     ("prompt_cache_entries", "prompt_cache_entries", "Entries in the model's prompt cache."),
     ("prompt_cache_cap_bytes", "prompt_cache_cap_bytes", "The prompt cache's cap, as memory pressure walks it."),
 )
+# (metric name, key of a snapshot model row, help): per model, its OMLX_MAX_CONCURRENT slots
+SLOT_GAUGES = (
+    ("running_requests", "running", "Requests holding one of the model's concurrency slots."),
+    ("queued_requests", "queued", "Requests waiting for one of the model's concurrency slots."),
+)
 KV_COUNTERS = (
     ("prompt_cache_hits", "prompt_cache_hits", "Requests that reused a cached prefix, since the model loaded."),
     ("prompt_cache_misses", "prompt_cache_misses", "Requests that found no cached prefix, since the model loaded."),
@@ -132,6 +137,7 @@ class _SnapshotCollector:
             if m["measured_bytes"] is not None:
                 footprint.add_metric([m["id"]], m["measured_bytes"])
         yield from (states, active, footprint)
+        yield from _per_model(models, SLOT_GAUGES, GaugeMetricFamily)
         yield from _per_model(models, KV_GAUGES, GaugeMetricFamily)
         yield from _per_model(models, KV_COUNTERS, CounterMetricFamily)
 

@@ -45,7 +45,7 @@ class Relief:
 
     def adapt_prefill(self, level: Level) -> None:
         """The prefill step every engine reads from its next step on (policy.pressure.prefill_step)."""
-        self.prefill_step = prefill_step(level)
+        self.prefill_step = prefill_step(level, self.conf.prefill_step)
         for engine in self._loaded_engines():
             engine.prefill_step = self.prefill_step
 

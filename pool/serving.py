@@ -1,7 +1,7 @@
 """The serving door: the one way a request reaches an engine.
 
 `open_completion` admits the request (the gate memory pressure closes), takes a lease on its model
-(loading it, evicting others, if needed), encodes the prompt on a worker thread, applies the
+(loading it, evicting others, if needed), waits for one of the model's concurrency slots, encodes the prompt on a worker thread, applies the
 prefill guard and starts generation. The `Completion` it returns yields the engine's chunks with
 engine errors mapped to the pool's domain errors, and `aclose()` releases everything. Routes parse
 and frame; they never see an engine."""
@@ -16,8 +16,9 @@ from typing import AsyncIterator
 from .admission import Admission
 from .engine_pool import EnginePool
 from .engines.types import Chunk, EngineError, EngineLike, RequestAborted, SamplingParams
-from .errors import BadRequest, EngineFailure, ServiceUnavailable
+from .errors import BadRequest, EngineFailure, ModelQueueFull, ServiceUnavailable
 from .policy.kv import KVConfig, KVFieldError, kv_config
+from .policy.vocabulary import Rejection
 
 DEFAULT_MAX_TOKENS = 512
 
@@ -77,10 +78,21 @@ class Serving:
 
     async def open_completion(self, spec: CompletionSpec) -> Completion:
         entry = self.pool.resolve(spec.model)
+        self._refuse_if_queue_full(entry.id)     # at once: before any admission wait, lease or load
         await self.admission.admit()
         stack = AsyncExitStack()
         try:
             engine = await stack.enter_async_context(self.pool.lease(entry.id, keep_alive=spec.keep_alive))
+            # The slot is taken after the lease. A request queues only while the model runs its
+            # limit, whose leases keep it loaded anyway, so a queued request's lease neither loads
+            # the model nor keeps it busy longer than its running requests do. Taken before the
+            # lease, each hand-over would leave the model unleased until the waiter ran: free for
+            # the enforcer or another model's load to evict, and for the waiter to reload (evictions
+            # in a loop). Unwinding hands the slot on before this request's lease ends.
+            await self._take_slot(stack, entry.id)
+            if entry.engine is not engine:
+                raise ServiceUnavailable(f"The model '{entry.id}' was unloaded while the request waited "
+                                         "for a slot; retry.", code="model_unloaded")
             kv = _kv(spec, entry.settings, engine.model_info)
             tokens = await _encode(engine, spec)
             self.admission.check_prefill(entry.id, engine.model_info, len(tokens), self.pool.views(),
@@ -88,6 +100,21 @@ class Serving:
             return Completion(entry.id, engine, tokens, _sampling(spec, entry.settings, kv), stack)
         except BaseException:
             await stack.aclose()
+            raise
+
+
+    def _refuse_if_queue_full(self, model_id: str) -> None:
+        try:
+            self.pool.slots.check(model_id)
+        except ModelQueueFull:
+            self.admission.on_reject(Rejection.MODEL_QUEUE_FULL)
+            raise
+
+    async def _take_slot(self, stack: AsyncExitStack, model_id: str) -> None:
+        try:
+            await stack.enter_async_context(self.pool.slots.hold(model_id))
+        except ModelQueueFull:                  # filled up while this request was loading the model
+            self.admission.on_reject(Rejection.MODEL_QUEUE_FULL)
             raise
 
 

@@ -16,7 +16,8 @@ COUNTER_FIELDS = {"prompt_cache_hits": "hits", "prompt_cache_misses": "misses", 
                   "prompt_cache_disk_hits": "disk_hits"}
 
 
-def model_row(entry, view: ModelView, rank: int | None, now: float, cache: CacheStats | None) -> dict[str, Any]:
+def model_row(entry, view: ModelView, rank: int | None, now: float, cache: CacheStats | None,
+              slots: tuple[int, int] = (0, 0)) -> dict[str, Any]:
     loaded = entry.state == ModelState.LOADED
     return {
         "id": entry.id,
@@ -28,6 +29,8 @@ def model_row(entry, view: ModelView, rank: int | None, now: float, cache: Cache
         "size_bytes": entry.size_bytes,
         "measured_bytes": entry.measured_bytes,
         "active_requests": entry.leases,
+        "running": slots[0],      # of the model's OMLX_MAX_CONCURRENT slots, held
+        "queued": slots[1],       # waiting for a slot (counted in active_requests: they hold leases)
         "last_access": entry.last_access or None,
         "idle_seconds": round(now - entry.idle_since, 1) if loaded and not entry.leases else None,
         "ttl_seconds": view.ttl_seconds,
@@ -55,7 +58,8 @@ def build(pool, reading, enforcer_state: dict[str, Any] | None = None) -> dict[s
     ranks = lru_ranks(list(views.values()))
     order = sorted(pool.entries.values(),
                    key=lambda e: (ranks.get(e.id, len(ranks)), e.state != ModelState.LOADED, -e.last_access, e.id))
-    models = [model_row(e, views[e.id], ranks.get(e.id), now, pool.cache_stats(e.id)) for e in order]
+    models = [model_row(e, views[e.id], ranks.get(e.id), now, pool.cache_stats(e.id), pool.slots.counts(e.id))
+              for e in order]
     resident = [v for v in views.values() if v.resident]
     memory = {
         "model_budget_bytes": pool.budget(reading),
@@ -76,4 +80,5 @@ def build(pool, reading, enforcer_state: dict[str, Any] | None = None) -> dict[s
     memory.update(enforcer_state or {})
     return {"type": "snapshot", "time": now, "models": models, "memory": memory,
             "max_loaded_models": pool.conf.max_loaded_models or None,
+            "max_concurrent": pool.slots.limit or None, "queue_per_model": pool.slots.queue_limit,
             "events": list(reversed(pool.events.recent))}

@@ -5,6 +5,7 @@ enforcer can be tested in-process in milliseconds. The real-model end-to-end tes
 from __future__ import annotations
 
 import asyncio
+import threading
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -82,8 +83,10 @@ class FakeEngine:
         self.factory.memory.prompt_caches[self.model_id] = keep
         return held - keep
 
-    async def load(self) -> LoadResult:
+    async def load(self, *, memory_free: threading.Event | None = None) -> LoadResult:
         spec = self.factory.spec(self.model_id)
+        while memory_free is not None and not memory_free.is_set():     # its victims are unloading
+            await asyncio.sleep(0.001)
         remaining = spec.load_seconds
         while remaining > 0:
             if self.abort_load:

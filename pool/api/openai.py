@@ -62,6 +62,9 @@ async def _complete(request, *, chat: bool):
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
+_MARK = "\x00text"    # stands for the text in text_event's template; no JSON encodes anything else so
+
+
 class _Shape:
     """The OpenAI object shapes for one response."""
 
@@ -69,6 +72,7 @@ class _Shape:
         self.chat, self.model = chat, model
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
+        self._text_event: list[bytes] | None = None
 
     def _base(self, chunk: bool) -> dict:
         kind = "chat.completion" if self.chat else "text_completion"
@@ -89,6 +93,15 @@ class _Shape:
 
     def chunk(self, text, finish_reason=None, *, first=False) -> dict:
         return {**self._base(True), "choices": [self.choice(text, finish_reason, chunk=True, first=first)]}
+
+    def text_event(self, text: str) -> bytes:
+        """The SSE event of one streamed piece of text. It is sent once per engine step per stream, so
+        its fixed parts are encoded once per response and only the text per call."""
+        if self._text_event is None:
+            event = _sse(self.chunk(_MARK))
+            self._text_event = event.split(json.dumps(_MARK).encode())
+        head, tail = self._text_event
+        return head + json.dumps(text).encode() + tail
 
     def usage_chunk(self, usage) -> dict:
         return {**self._base(True), "choices": [], "usage": usage}
@@ -121,7 +134,7 @@ async def _stream(completion: Completion, shape: _Shape, include_usage: bool):
         try:
             async for chunk in completion.chunks():
                 if chunk.text or chunk.finish_reason is None:
-                    yield _sse(shape.chunk(chunk.text))
+                    yield shape.text_event(chunk.text)
                 if chunk.finish_reason is not None:
                     yield _sse(shape.chunk(None, chunk.finish_reason))
                     if include_usage:

@@ -2,7 +2,7 @@
 
 The event loop never touches MLX. It sends commands through a queue; the engine thread runs a
 `BatchGenerator` (continuous batching: requests join and leave between decode steps) and hands
-each token back to the request's asyncio queue with `loop.call_soon_threadsafe`.
+what each step produced back to the event loop in one `loop.call_soon_threadsafe` per step.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
@@ -23,7 +23,7 @@ from mlx_lm.generate import generation_stream
 from mlx_lm.sample_utils import make_sampler
 
 from .lanes import BatchLane, SoloLane
-from .loading import load_weights, model_info
+from .loading import fill_weights, model_info, open_model
 from .native import release_memory
 from .prompt_cache import PromptCache, make_prompt_cache_store
 from .stops import find_stop, holdback
@@ -32,15 +32,16 @@ from .types import (CacheStats, Chunk, EngineError, KVConfig, LoadAborted, LoadR
 
 log = logging.getLogger(__name__)
 
-PREFILL_STEP = 2048        # prompt tokens read per step (mlx-lm's default), unless pressure lowers it
+PREFILL_STEP = 512         # prompt tokens read per step until the pool sets its own (OMLX_PREFILL_STEP)
 
 
-@dataclass
+@dataclass(eq=False)     # a dict key by identity
 class _Request:
     tokens: list[int]
     params: SamplingParams
     loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue
+    ready: asyncio.Event = field(default_factory=asyncio.Event)   # set on the loop when `arrived` grows
+    arrived: list = field(default_factory=list)    # chunks (or an error) handed over, not yet read
     uid: int | None = None
     detokenizer: Any = None
     text: str = ""          # decoded so far, not yet emitted
@@ -49,11 +50,25 @@ class _Request:
     lane: Any = None        # the key of the lane it decodes in
     done: bool = False
 
-    def emit(self, item: Chunk | BaseException) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
-        except RuntimeError:  # the client's loop is gone
-            pass
+
+def _hand_over(batch: list[tuple[_Request, list]]) -> None:
+    """On the event loop: what one engine step produced, for every request it touched."""
+    for req, items in batch:
+        req.arrived.extend(items)
+        req.ready.set()
+
+
+def _coalesced(items: list) -> list:
+    """Text chunks that piled up while the reader was busy become one; errors and the last chunk stay
+    in order."""
+    out: list = []
+    for item in items:
+        prev = out[-1] if out else None
+        if (isinstance(item, Chunk) and isinstance(prev, Chunk) and prev.finish_reason is None):
+            out[-1] = replace(item, text=prev.text + item.text)
+        else:
+            out.append(item)
+    return out
 
 
 @dataclass
@@ -108,6 +123,7 @@ class Engine:
         self._stop_tokens: list[list[int]] = []
         self.prefill_step = PREFILL_STEP     # the enforcer lowers it under pressure (read each step)
         self._requests: dict[int, _Request] = {}
+        self._outbox: dict[_Request, list] = {}     # emitted this step, handed over once per step
         self._stop_command: _Command | None = None
         self.abort_load = False
         self.model_info: dict = {}
@@ -115,11 +131,13 @@ class Engine:
 
     # ---- lifecycle -------------------------------------------------------------------------
 
-    async def load(self) -> LoadResult:
+    async def load(self, *, memory_free: threading.Event | None = None) -> LoadResult:
+        """Load on a new engine thread. With `memory_free`, everything but the weights is read first
+        and the weights wait for it (set once the models this load evicts are gone)."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self._thread = threading.Thread(target=self._run, args=(loop, fut), name=f"engine:{self.model_id}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(loop, fut, memory_free),
+                                        name=f"engine:{self.model_id}", daemon=True)
         self._thread.start()
         return await fut
 
@@ -173,27 +191,32 @@ class Engine:
         """Yield chunks of text. Closing or cancelling the iterator removes the request from the
         batch before the next decode step."""
         loop = asyncio.get_running_loop()
-        req = _Request(tokens=tokens, params=params, loop=loop, events=asyncio.Queue())
+        req = _Request(tokens=tokens, params=params, loop=loop)
         self._commands.put(_Command("insert", request=req))
         try:
             while True:
-                item = await req.events.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finish_reason is not None:
-                    return
+                if not req.arrived:
+                    await req.ready.wait()
+                req.ready.clear()
+                items, req.arrived = _coalesced(req.arrived), []
+                for item in items:
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield item
+                    if item.finish_reason is not None:
+                        return
         finally:
             if not req.done:
                 self._commands.put(_Command("cancel", request=req))
 
     # ---- the engine thread -----------------------------------------------------------------
 
-    def _run(self, loop: asyncio.AbstractEventLoop, load_future: asyncio.Future) -> None:
+    def _run(self, loop: asyncio.AbstractEventLoop, load_future: asyncio.Future,
+             memory_free: threading.Event | None) -> None:
         load_cmd = _Command("load", future=load_future, loop=loop)
         try:
             try:
-                result = self._load()
+                result = self._load(memory_free)
             except BaseException as e:  # noqa: BLE001 - reported to the waiting coroutine
                 self._drop_model()
                 _resolve(load_cmd, error=e)
@@ -208,16 +231,21 @@ class Engine:
             mx.synchronize()
             mx.clear_streams()  # without this ~13% of processes abort at exit
 
-    def _load(self) -> LoadResult:
-        before = mx.get_active_memory()
+    def _load(self, memory_free: threading.Event | None) -> LoadResult:
         started = time.perf_counter()
-        model, tokenizer, config = load_weights(self.path)
+        model, tokenizer, config = open_model(self.path)
         self._model, self._tokenizer = model, tokenizer
+        if memory_free is not None:
+            memory_free.wait()
+        if self.abort_load:
+            raise LoadAborted("load aborted: process memory pressure")
+        # the weights' own bytes, not MLX's active-memory delta: other engines allocate meanwhile
+        weight_bytes = fill_weights(model)
         self.model_info = model_info(model, config)
         self._prompt_cache = make_prompt_cache_store(self.model_id, self.path, *self._cache_options)
         self._stop_tokens = [[t] for t in sorted(tokenizer.eos_token_ids)]
         self._lanes = {KVConfig(): BatchLane(model, KVConfig(), self._stop_tokens)}
-        return LoadResult(measured_bytes=max(0, mx.get_active_memory() - before),
+        return LoadResult(measured_bytes=weight_bytes,
                           seconds=time.perf_counter() - started, model_info=self.model_info)
 
     def _serve(self) -> None:
@@ -225,7 +253,25 @@ class Engine:
             self._handle_commands(block=not self._requests)
             if self._requests and self._stop_command is None:
                 self._step()
+            self._flush()
         self._release(self._stop_command)
+
+    def _emit(self, req: _Request, item: Chunk | BaseException) -> None:
+        self._outbox.setdefault(req, []).append(item)
+
+    def _flush(self) -> None:
+        """One wake-up of each event loop per step, whatever the number of requests and tokens."""
+        if not self._outbox:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for req, items in self._outbox.items():
+            by_loop.setdefault(req.loop, []).append((req, items))
+        self._outbox = {}
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_hand_over, batch)
+            except RuntimeError:  # the client's loop is gone
+                pass
 
     def _handle_commands(self, block: bool) -> None:
         while True:
@@ -264,7 +310,7 @@ class Engine:
         except Exception as e:  # noqa: BLE001
             req.done = True
             self._retire(req.lane)
-            req.emit(EngineError(f"could not start generation: {e}"))
+            self._emit(req, EngineError(f"could not start generation: {e}"))
             return
         req.detokenizer = self._tokenizer.detokenizer
         self._requests[(req.lane, req.uid)] = req
@@ -302,7 +348,7 @@ class Engine:
     def _abort_all(self, error: BaseException) -> None:
         for req in list(self._requests.values()):
             self._remove(req)
-            req.emit(error)
+            self._emit(req, error)
 
     def _step(self) -> None:
         for key, lane in list(self._lanes.items()):
@@ -326,14 +372,14 @@ class Engine:
                 except Exception as e:  # noqa: BLE001
                     log.exception("delivering a token failed on %s", self.model_id)
                     self._remove(req)
-                    req.emit(EngineError(f"generation failed: {type(e).__name__}"))
+                    self._emit(req, EngineError(f"generation failed: {type(e).__name__}"))
             self._retire(key)
         self._update_cache_stats()
 
     def _fail_lane(self, key, error: EngineError) -> None:
         for req in [r for (k, _), r in self._requests.items() if k == key]:
             self._remove(req)
-            req.emit(error)
+            self._emit(req, error)
         lane = self._lanes.pop(key, None)
         if lane is not None:
             lane.close()
@@ -376,15 +422,16 @@ class Engine:
             emit = req.text[: len(req.text) - holdback(req.text, req.params.stop)]
             req.text = req.text[len(emit):]
             if emit:
-                req.emit(Chunk(emit))
+                self._emit(req, Chunk(emit))
             return
-        req.emit(Chunk(req.text, finish_reason, len(req.tokens), req.generated, req.cached_tokens))
+        self._emit(req, Chunk(req.text, finish_reason, len(req.tokens), req.generated, req.cached_tokens))
         req.text = ""
         self._remove(req, keep_cache=stopped_here)   # a stop string ends it before the generator does
 
     def _release(self, cmd: _Command) -> None:
         rss_before, active_before = _rss(), mx.get_active_memory()
         self._abort_all(RequestAborted(cmd.message or "the model was unloaded", "model_unloaded"))
+        self._flush()
         if self._prompt_cache is not None:
             self._prompt_cache.clear()
         mx.synchronize(generation_stream)  # mlx-lm's look-ahead step still holds arrays

@@ -9,13 +9,15 @@ engine steps every lane in turn, so all of them run concurrently on its one thre
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generate_step, generation_stream
-from mlx_lm.models.cache import RotatingKVCache
+from mlx_lm.models.cache import RotatingKVCache, trim_prompt_cache
 
+from .alone import Alone, Pending, can_run_alone
 from .types import KVConfig
 
 ROTATING_KEEP = 4          # tokens a rotating cache always keeps at the start (mlx-lm's default)
@@ -32,50 +34,138 @@ class Step:
 
 
 class BatchLane:
-    def __init__(self, model, config: KVConfig, stop_tokens: list[list[int]]):
+    """Requests of one KV configuration. While one request is alone in the default lane it decodes
+    through mlx-lm's single-sequence path (`Alone`); as soon as another arrives, both join the
+    `BatchGenerator`, and a request left alone in the batch leaves it again. Requests that arrive
+    between two steps enter the batch together, so their prompts are read as one batch."""
+
+    def __init__(self, model, config: KVConfig, stop_tokens: list[list[int]], *, prefill_batch: int = 32):
         self.model, self.config = model, config
-        self._generator = BatchGenerator(model, stop_tokens=stop_tokens, stream=generation_stream)
-        self._live: set[int] = set()
+        self._generator = BatchGenerator(model, stop_tokens=stop_tokens, stream=generation_stream,
+                                         prefill_batch_size=prefill_batch, completion_batch_size=prefill_batch)
+        self._stop = {t for seq in stop_tokens for t in seq if len(seq) == 1}
+        self._fast = config.max_kv_size is None and can_run_alone(model)
+        self._uids = itertools.count()
+        self._incoming: list[Pending] = []
+        self._alone: Alone | None = None
+        self._in_batch: dict[int, int] = {}          # generator uid -> lane uid
+        self._batched: dict[int, Pending] = {}       # lane uid -> how it entered (sampler, max_tokens)
+        self._generated: dict[int, int] = {}         # lane uid -> tokens generated in the batch
+        self._prefill_step = 2048
 
     def set_prefill_step(self, tokens: int) -> None:
         # read by each step: the next chunk uses it. A rotating cache holds its window plus the chunk
         # being read, so its chunks are a quarter of the window: the peak stays near the window.
         if self.config.max_kv_size is not None:
             tokens = min(tokens, max(ROTATING_KEEP * 16, self.config.max_kv_size // 4))
-        self._generator.prefill_step_size = tokens
+        self._prefill_step = self._generator.prefill_step_size = tokens
 
     def insert(self, tokens: list[int], *, cache, all_tokens: list[int], max_tokens: int, sampler) -> int:
         if cache is None and self.config.max_kv_size is not None:
             cache = [RotatingKVCache(max_size=self.config.max_kv_size, keep=ROTATING_KEEP) for _ in self.model.layers]
-        (uid,) = self._generator.insert([tokens], max_tokens=[max_tokens], caches=[cache],
-                                        all_tokens=[all_tokens], samplers=[sampler])
-        self._live.add(uid)
+        uid = next(self._uids)
+        self._incoming.append(Pending(uid, list(tokens), cache, list(all_tokens), max_tokens, sampler))
         return uid
 
     def step(self) -> list[Step]:
+        self._place_incoming()
+        if self._alone is not None:
+            return self._step_alone()
+        steps = self._step_batch()
+        self._maybe_leave_batch()
+        return steps
+
+    def _place_incoming(self) -> None:
+        if not self._incoming:
+            return
+        if self._fast and self._alone is None and not self._in_batch and len(self._incoming) == 1:
+            self._alone = Alone(self.model, self._incoming.pop(), self._stop)
+            return
+        if self._alone is not None:          # company: the lone request joins the batch with them
+            self._to_batch(self._alone.handover())
+            self._alone = None
+        for pending in self._incoming:
+            self._to_batch(pending)
+        self._incoming = []
+
+    def _to_batch(self, p: Pending) -> None:
+        (g,) = self._generator.insert([p.tokens], max_tokens=[p.max_tokens], caches=[p.cache],
+                                      all_tokens=[p.all_tokens], samplers=[p.sampler])
+        self._in_batch[g] = p.uid
+        self._batched[p.uid] = p
+        self._generated[p.uid] = 0
+
+    def _step_alone(self) -> list[Step]:
+        alone = self._alone
+        out = alone.step(self._prefill_step)
+        if out is None:
+            return []
+        token, finish = out
+        if finish is None:
+            return [Step(alone.uid, token, None)]
+        self._alone = None
+        cache, tokens = alone.finished_cache()
+        return [Step(alone.uid, token, finish, cache, tokens)]
+
+    def _step_batch(self) -> list[Step]:
         _, responses = self._generator.next()
         steps = []
         for r in responses:
+            uid = self._in_batch.get(r.uid)
+            if uid is None:
+                continue
             if r.finish_reason is not None:
-                self._live.discard(r.uid)
-            steps.append(Step(r.uid, r.token, r.finish_reason, r.prompt_cache, r.all_tokens))
+                self._forget(r.uid)
+            else:
+                self._generated[uid] += 1
+            steps.append(Step(uid, r.token, r.finish_reason, r.prompt_cache, r.all_tokens))
         return steps
+
+    def _maybe_leave_batch(self) -> None:
+        """A request left alone in the batch, past its prompt, continues on the single path."""
+        if not self._fast or len(self._in_batch) != 1 or self._incoming:
+            return
+        (g, uid), = self._in_batch.items()
+        if not self._generated[uid]:
+            return                            # still reading its prompt
+        entered, remaining = self._batched[uid], self._batched[uid].max_tokens - self._generated[uid]
+        cache, tokens = self._generator.remove([g], return_prompt_caches=True)[g]
+        self._forget(g)
+        trim_prompt_cache(cache, 1)           # the batch's look-ahead: feed its last token again
+        self._alone = Alone(self.model, Pending(uid, tokens[-1:], cache, tokens[:-1], remaining, entered.sampler),
+                            self._stop)
+
+    def _forget(self, g: int) -> None:
+        uid = self._in_batch.pop(g)
+        self._batched.pop(uid, None)
+        self._generated.pop(uid, None)
 
     def remove(self, uid: int, *, keep_cache: bool = False):
         """Take a request out; with keep_cache, returns (its KV, its tokens) for the prompt cache."""
-        self._live.discard(uid)
-        caches = self._generator.remove([uid], return_prompt_caches=keep_cache)
-        return caches.get(uid)
+        self._incoming = [p for p in self._incoming if p.uid != uid]
+        if self._alone is not None and self._alone.uid == uid:
+            alone, self._alone = self._alone, None
+            alone.close()
+            return alone.finished_cache() if keep_cache else None
+        g = next((g for g, u in self._in_batch.items() if u == uid), None)
+        if g is None:
+            return None
+        self._forget(g)
+        caches = self._generator.remove([g], return_prompt_caches=keep_cache)
+        return caches.get(g)
 
     @property
     def kv_bytes(self) -> int:
-        return self._generator.prompt_cache_nbytes if self._live else 0
+        alone = self._alone.kv_bytes if self._alone is not None else 0
+        return alone + (self._generator.prompt_cache_nbytes if self._in_batch else 0)
 
     @property
     def empty(self) -> bool:
-        return not self._live
+        return not (self._in_batch or self._incoming or self._alone is not None)
 
     def close(self) -> None:
+        if self._alone is not None:
+            self._alone.close()
         self._generator.close()
 
 

@@ -190,3 +190,4 @@ def _why_kept(model: ModelView) -> str:
     if model.leases == 1:
         return "serving a request"
     return f"serving {model.leases} requests"
+

@@ -197,13 +197,15 @@ def next_cache_fraction(fraction: float, level: Level) -> float:
     return max(MIN_CACHE_FRACTION, fraction / 2)
 
 
-PREFILL_STEPS = {Level.OK: 2048, Level.SOFT: 512, Level.HARD: 128, Level.EMERGENCY: 128}
+PREFILL_CAPS = {Level.OK: None, Level.SOFT: 256, Level.HARD: 128, Level.EMERGENCY: 128}
 
 
-def prefill_step(level: Level) -> int:
-    """Prompt tokens read per step (oMLX's adaptive prefill chunk): mlx-lm's 2048 when memory is
-    ok, smaller under pressure, so one long prompt's transient peak stays small."""
-    return PREFILL_STEPS[level]
+def prefill_step(level: Level, base: int) -> int:
+    """Prompt tokens read per step (oMLX's adaptive prefill chunk): the configured step when memory
+    is ok, smaller under pressure, so one long prompt's transient peak stays small. Running streams
+    decode a token between two chunks, so the step also bounds how long a long prompt holds them."""
+    cap = PREFILL_CAPS[level]
+    return base if cap is None else min(base, cap)
 
 
 # --- polling -----------------------------------------------------------------------------------

@@ -57,12 +57,28 @@ class Refusal(StrEnum):
     TOO_MANY_MODELS = "too_many_models"
 
 
+class Rejection(StrEnum):
+    """Why a request was turned away before it ran (a 503; the admission_rejections metric's `reason`)."""
+    QUEUE_FULL = "queue_full"               # admission paused by memory pressure and its queue full
+    TIMEOUT = "timeout"                     # admission stayed paused too long
+    PREFILL = "prefill"                     # the prompt's KV cache cannot fit (a 400)
+    MODEL_QUEUE_FULL = "model_queue_full"   # the model runs its OMLX_MAX_CONCURRENT and its queue is full
+
+
+class SlotDecision(StrEnum):
+    """What a request arriving at a model does with its concurrency slots (policy.concurrency)."""
+    RUN = "run"
+    QUEUE = "queue"
+    REFUSE = "refuse"
+
+
 class Change(StrEnum):
     """What changed in the pool; listeners (metrics, the enforcer, the broadcaster) get one."""
     DISCOVERY = "discovery"
     SETTINGS = "settings"
     REQUEST_START = "request_start"
     REQUEST_END = "request_end"
+    QUEUE = "queue"                # a request queued for, took or gave back a model's slot
     LOAD_START = "load_start"
     LOAD_END = "load_end"
     UNLOAD_START = "unload_start"

@@ -221,7 +221,7 @@
     '<td class="size" data-label="size"></td>' +
     '<td class="kv" data-label="memory"><div class="kvbar" role="img"><div class="seg weights"></div>' +
     '<div class="seg live"></div><div class="seg pcache"></div></div><div class="kvnote muted small"></div></td>' +
-    '<td class="active num" data-label="active"></td>' +
+    '<td class="active num" data-label="running"><span class="running"></span><div class="queued muted small"></div></td>' +
     '<td class="idle num" data-label="idle"></td>' +
     '<td class="ttl" data-label="TTL"></td>' +
     '<td class="actions" data-label="actions"><button type="button" class="pin"></button>' +
@@ -237,7 +237,7 @@
     return {
       tr, rank: q(".rank"), primary: q(".primary"), secondary: q(".secondary"), badges: q(".badges"),
       state: q(".state .badge"), progress: q(".progress"), bar: q(".progress div"), note: q(".state .note"),
-      size: q(".size"), active: q(".active"), idle: q(".idle"), ttl: q(".ttl"),
+      size: q(".size"), running: q(".active .running"), queued: q(".active .queued"), idle: q(".idle"), ttl: q(".ttl"),
       kvbar: q(".kvbar"), weights: q(".seg.weights"), live: q(".seg.live"), pcache: q(".seg.pcache"), kvnote: q(".kvnote"),
       pin: q("button.pin"), load: q("button.load"), ttlInput: q(".ttl-form input"),
     };
@@ -289,7 +289,9 @@
 
     r.size.textContent = fmtBytes(m.size_bytes) + " / " + (m.measured_bytes != null ? fmtBytes(m.measured_bytes) : "–");
     updateMemory(r, m);
-    r.active.textContent = String(m.active_requests || 0);
+    // running: holding one of the model's concurrency slots; queued: waiting for one
+    r.running.textContent = String(m.running || 0);
+    r.queued.textContent = m.queued ? m.queued + " queued" : "";
     r.idle.textContent = m.idle_seconds != null ? fmtDuration(m.idle_seconds + later) : "–";
 
     let ttl;

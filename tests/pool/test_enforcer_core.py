@@ -185,7 +185,7 @@ async def test_pressure_walks_the_prompt_cache_cap_down_and_back_up(models):
     assert core.states() == {"a": "loaded", "b": "loaded", "c": "unloaded"}
 
 
-@pytest.mark.parametrize("base, step", [(0, 2048), (720, 512), (800, 128)])
+@pytest.mark.parametrize("base, step", [(0, 512), (720, 256), (800, 128)])
 async def test_the_prefill_step_shrinks_under_pressure(models, base, step):
     core = Core(models, memory_ceiling=CEILING)
     await loaded(core, "a", "b")

@@ -78,5 +78,33 @@ def test_make_fixture_model_command(omlx_home, smollm2_dir):
     assert weight_bytes(folder) == pytest.approx(6e6, rel=0.03)
     assert str(folder) in out.getvalue()
 
+    call_command("make_fixture_model", "tiny-q4", "--size-mb", "8", "--bits", "4",
+                 "--tokenizer-from", str(smollm2_dir), stdout=out)
+    folder = omlx_home / "models" / "tiny-q4"
+    assert json.loads((folder / "config.json").read_text())["quantization"]["bits"] == 4
+    assert weight_bytes(folder) == pytest.approx(8e6, rel=0.03)
+
     with pytest.raises(CommandError, match="prepare_demo"):  # default tokenizer: the demo model, absent here
         call_command("make_fixture_model", "other", "--size-mb", "6")
+
+
+@pytest.mark.parametrize("size_mb,itemsize,bits", [(30, 4, 4), (35, 2, 4), (100, 4, 8), (1000, 2, 4), (1500, 2, 4)])
+def test_quantized_plan_lands_on_the_target_with_group_aligned_widths(size_mb, itemsize, bits):
+    shape = plan(size_mb * 1e6, VOCAB, itemsize, bits=bits)
+    assert planned_bytes(shape, VOCAB, itemsize, bits=bits) == pytest.approx(size_mb * 1e6, rel=0.02)
+    assert shape["hidden_size"] % 64 == shape["intermediate_size"] % 64 == 0 and shape["head_dim"] == 64
+    assert shape["num_attention_heads"] * shape["head_dim"] == shape["hidden_size"]
+
+
+def test_4bit_fixture_quantizes_every_linear_layer_and_is_its_target_size(smollm2_dir, tmp_path):
+    import mlx.nn as nn
+    import mlx_lm
+
+    cfg = make_fixture_model(tmp_path / "q4", 30, tokenizer_from=smollm2_dir, bits=4)
+    assert cfg["quantization"] == {"group_size": 64, "bits": 4, "mode": "affine"}
+    assert weight_bytes(tmp_path / "q4") == pytest.approx(30e6, rel=0.03)
+    model, _ = mlx_lm.load(str(tmp_path / "q4"))
+    modules = [m for _, m in model.named_modules()]
+    # mlx's QuantizedLinear and QuantizedEmbedding are not subclasses of Linear and Embedding
+    assert [type(m).__name__ for m in modules if isinstance(m, (nn.Linear, nn.Embedding))] == []
+    assert sum(isinstance(m, nn.QuantizedLinear) for m in modules) == 7 * cfg["num_hidden_layers"]

@@ -28,6 +28,7 @@ class Command(BaseCommand):
     def handle(self, *args, host, port, **options):
         self._adopt_host(host)
         self._prepare_database()
+        self._say_blas()
         from daphne.endpoints import build_endpoint_description_strings
         from daphne.server import Server
         from twisted.internet import defer, reactor
@@ -51,6 +52,13 @@ class Command(BaseCommand):
         Server(application=application, endpoints=build_endpoint_description_strings(host=host, port=port), ready_callable=ready,
                application_close_timeout=5, websocket_handshake_timeout=5, verbosity=0).run()
         sys.stdout.flush()
+
+    def _say_blas(self) -> None:
+        from pool import blas
+
+        if blas.state and blas.state["path"]:
+            self.stdout.write(f"MLX CPU backend: {blas.state['blas']} BLAS loaded ({blas.state['path']}); "
+                              f"OMLX_CPU_DEQUANTIZE={get_settings().cpu_dequantize}")
 
     def _prepare_database(self) -> None:
         from django.db import connection

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The serving-speed benchmarks on a CUDA machine (the `device` tool's H200): mlx's CUDA wheel and the
+# server's other wheels already installed under /tmp/site; two random-weight llamas built here with
+# the demo model's tokenizer files (TOKENIZER, a folder): about 2 GB in bf16 and about 1.5 GB 4-bit
+# (every linear layer and the embedding quantized, group size 64). Names after the folder pick
+# some of the benchmarks (a device command runs at most 10 minutes): single concurrency isolation swap.
+#     bash benchmarks/gpu/speed.sh TOKENIZER_FOLDER [single] [concurrency] [isolation] [swap]
+set -euo pipefail
+tokenizer=$(realpath "$1"); shift
+wanted=" ${*:-single concurrency isolation swap} "
+want() { [[ "$wanted" == *" $1 "* ]]; }
+export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+bf16=/tmp/models/llama-2g-bf16
+q4=/tmp/models/llama-1500m-q4
+python3 -c 'import mlx.core as mx; print(mx.default_device(), mx.device_info())'
+[ -f "$bf16/config.json" ] || python3 -c "
+from pool.fixture_models import make_fixture_model
+make_fixture_model('$bf16', 2000, tokenizer_from='$tokenizer', dtype='bfloat16', seed=1)"
+[ -f "$q4/config.json" ] || python3 -c "
+from pool.fixture_models import make_fixture_model
+make_fixture_model('$q4', 1500, tokenizer_from='$tokenizer', dtype='bfloat16', seed=2, bits=4)"
+du -sh "$bf16" "$q4"
+cd benchmarks
+for model in "$bf16" "$q4"; do
+  name=$(basename "$model")
+  ! want single || python3 single_stream.py --model "$model" --tokens 128 2>&1 | tee "$out/single_stream-$name.txt"
+  ! want concurrency || python3 concurrency.py --model "$model" --levels 1,4,8,16,32 --tokens 128 --rounds 2 2>&1 \
+    | tee "$out/concurrency-$name.txt"
+done
+! want isolation || python3 isolation.py --model "$q4" --model-b "$bf16" --stream-tokens 256 --long-tokens 4000 2>&1 \
+  | tee "$out/isolation.txt"
+! want swap || python3 swap.py --model-a "$q4" --model-b "$bf16" 2>&1 | tee "$out/swap.txt"

@@ -1,0 +1,219 @@
+"""Per-model concurrency through the serving door, over fake engines: the limit, the FIFO queue,
+the 503 when it is full, and slots that always come back (cancel, error, close)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pool.concurrency import ModelSlots
+from pool.errors import BadRequest, ModelQueueFull, ServiceUnavailable
+from pool.metrics import Metrics
+from pool.serving import CompletionSpec
+from pool.snapshot import build
+from tests.fakes import Core, Spec, model_folders
+
+MB = 10**6
+LONG = Spec(tokens=10_000, token_seconds=0.01)    # a request that runs until it is closed
+
+
+@pytest.fixture
+def models(tmp_path):
+    return model_folders(tmp_path / "models", a=100 * MB, b=100 * MB)
+
+
+def core_with(models, *, limit: int, queue: int) -> Core:
+    return Core(models, specs={"a": LONG, "b": LONG}, max_concurrent=limit, queue_per_model=queue)
+
+
+def open_(core: Core, model: str = "a", **spec):
+    return core.serving.open_completion(CompletionSpec(model=model, prompt="a b c", **spec))
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_the_limit_holds_and_the_next_request_waits_for_a_slot(models):
+    core = core_with(models, limit=2, queue=4)
+    first, second = await open_(core), await open_(core)
+    third = asyncio.ensure_future(open_(core))
+    await asyncio.sleep(0.05)
+    assert not third.done()
+    assert core.pool.slots.counts("a") == (2, 1)
+    assert core.pool.slots.counts("b") == (0, 0)       # per model: b is not limited by a
+    async with await open_(core, "b"):
+        pass
+    await first.aclose()
+    opened = await asyncio.wait_for(third, 1)
+    assert core.pool.slots.counts("a") == (2, 0)
+    chunks = [c async for c in _take(opened, 2)]
+    assert len(chunks) == 2
+    for completion in (second, opened):
+        await completion.aclose()
+    assert core.pool.slots.counts("a") == (0, 0) and core.pool.entries["a"].leases == 0
+
+
+async def _take(completion, n):
+    async for chunk in completion.chunks():
+        yield chunk
+        n -= 1
+        if not n:
+            return
+
+
+async def test_waiters_get_their_slots_first_come_first_served(models):
+    core = core_with(models, limit=1, queue=8)
+    running = await open_(core)
+    order: list[int] = []
+
+    async def request(i):
+        completion = await open_(core)
+        order.append(i)
+        return completion
+
+    waiters = []
+    for i in range(4):
+        waiters.append(asyncio.ensure_future(request(i)))
+        await settle()
+    assert core.pool.slots.counts("a") == (1, 4)
+    await asyncio.sleep(0.05)
+    assert order == []
+    await running.aclose()
+    for i in range(4):
+        completion = await asyncio.wait_for(waiters[i], 1)
+        await settle()
+        assert order == list(range(i + 1))              # the next one waits for this one's slot
+        await completion.aclose()
+    assert core.pool.slots.counts("a") == (0, 0)
+
+
+async def test_a_full_queue_is_a_503_with_retry_after_at_once(models):
+    core = core_with(models, limit=1, queue=1)
+    rejected, starts = [], []
+    core.admission.on_reject = rejected.append
+    running = await open_(core)
+    queued = asyncio.ensure_future(open_(core))
+    await settle()
+    core.pool.events.subscribe(lambda change: starts.append(change) if change.kind == "request_start" else None)
+    with pytest.raises(ModelQueueFull) as refused:
+        await asyncio.wait_for(open_(core), 0.5)       # at once, not after a wait
+    error = refused.value
+    assert isinstance(error, ServiceUnavailable) and error.status == 503
+    assert error.code == "model_queue_full" and error.headers["Retry-After"] == "2"
+    assert error.extra == {"running": 1, "queued": 1} and "'a'" in error.message
+    assert rejected == ["model_queue_full"]
+    assert starts == [] and core.pool.entries["a"].leases == 2     # the refused request took no lease
+    await running.aclose()
+    await (await queued).aclose()
+
+
+async def test_no_queue_refuses_as_soon_as_the_slots_are_taken(models):
+    core = core_with(models, limit=1, queue=0)
+    async with await open_(core):
+        with pytest.raises(ModelQueueFull):
+            await open_(core)
+    async with await open_(core):                      # the slot came back
+        pass
+
+
+async def test_a_request_cancelled_while_queued_leaves_the_queue(models):
+    core = core_with(models, limit=1, queue=1)
+    running = await open_(core)
+    queued = asyncio.ensure_future(open_(core))
+    await settle()
+    assert core.pool.slots.counts("a") == (1, 1)
+    queued.cancel()                                     # what a client disconnect does to its view
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    assert core.pool.slots.counts("a") == (1, 0) and core.pool.entries["a"].leases == 1
+    another = asyncio.ensure_future(open_(core))        # its place is free again: no 503
+    await settle()
+    await running.aclose()
+    await (await asyncio.wait_for(another, 1)).aclose()
+    assert core.pool.slots.counts("a") == (0, 0) and core.pool.entries["a"].leases == 0
+
+
+async def test_a_slot_handed_to_a_cancelled_waiter_passes_on():
+    slots = ModelSlots(limit=1, queue_limit=2)
+    await slots.acquire("a")
+    first = asyncio.ensure_future(slots.acquire("a"))
+    await settle()
+    second = asyncio.ensure_future(slots.acquire("a"))
+    await settle()
+    assert slots.counts("a") == (1, 2)
+    slots.release("a")          # the slot reaches `first`, and before `first` runs again...
+    first.cancel()              # ...its client goes away
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await asyncio.wait_for(second, 1)                   # the slot went on to the next waiter
+    assert slots.counts("a") == (1, 0)
+    slots.release("a")
+    assert slots.counts("a") == (0, 0)
+
+
+async def test_slots_come_back_after_an_error_an_abort_and_a_refusal_after_the_slot(models):
+    core = core_with(models, limit=1, queue=1)
+    # refused after taking its slot (a bad KV field): the door gives the slot back
+    with pytest.raises(BadRequest):
+        await open_(core, kv={"kv_bits": 3})
+    assert core.pool.slots.counts("a") == (0, 0)
+    # the engine aborts a running request: closing the completion gives the slot to the waiter
+    running = await open_(core)
+    queued = asyncio.ensure_future(open_(core))
+    await settle()
+    with pytest.raises(ServiceUnavailable):
+        async with running:
+            async for _ in running.chunks():
+                core.engines.engines["a"].abort_all("memory pressure", "memory_pressure")
+    successor = await asyncio.wait_for(queued, 1)
+    assert core.pool.slots.counts("a") == (1, 0)
+    await successor.aclose()
+    assert core.pool.slots.counts("a") == (0, 0) and core.pool.entries["a"].leases == 0
+
+
+async def test_a_queued_request_of_a_model_force_unloaded_meanwhile_is_a_503(models):
+    core = core_with(models, limit=1, queue=1)
+    running = await open_(core)
+    queued = asyncio.ensure_future(open_(core))
+    await settle()
+    await core.pool.unload("a", force=True)
+    await running.aclose()
+    with pytest.raises(ServiceUnavailable) as aborted:
+        await asyncio.wait_for(queued, 1)
+    assert aborted.value.code == "model_unloaded"
+    assert core.pool.slots.counts("a") == (0, 0) and core.pool.entries["a"].leases == 0
+
+
+async def test_the_snapshot_and_metrics_show_running_and_queued(models):
+    core = core_with(models, limit=1, queue=2)
+    running = await open_(core)
+    queued = [asyncio.ensure_future(open_(core)) for _ in range(2)]
+    await settle()
+    snapshot = build(core.pool, core.probe.read())
+    rows = {m["id"]: m for m in snapshot["models"]}
+    assert (rows["a"]["running"], rows["a"]["queued"], rows["a"]["active_requests"]) == (1, 2, 3)
+    assert (rows["b"]["running"], rows["b"]["queued"]) == (0, 0)
+    assert snapshot["max_concurrent"] == 1 and snapshot["queue_per_model"] == 2
+    text = Metrics(core.pool, lambda: build(core.pool, core.probe.read())).render().decode()
+    assert 'running_requests{model="a"} 1.0' in text and 'queued_requests{model="a"} 2.0' in text
+    assert 'queued_requests{model="b"} 0.0' in text
+    await running.aclose()
+    for task in queued:
+        await (await task).aclose()
+    rows = {m["id"]: m for m in build(core.pool, core.probe.read())["models"]}
+    assert (rows["a"]["running"], rows["a"]["queued"]) == (0, 0)
+
+
+async def test_queue_changes_reach_the_listeners(models):
+    core = core_with(models, limit=1, queue=1)
+    seen = []
+    core.pool.events.subscribe(lambda change: seen.append((str(change.kind), change.model)))
+    running = await open_(core)
+    queued = asyncio.ensure_future(open_(core))
+    await settle()
+    await running.aclose()
+    await (await queued).aclose()
+    assert seen.count(("queue", "a")) == 4     # took, queued, handed over, gave back
