@@ -109,8 +109,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def gaps(times: list[float], start: float = -math.inf, end: float = math.inf) -> list[float]:
-    """Seconds between consecutive arrivals, for the arrivals in [start, end]."""
-    return [b - a for a, b in zip(times, times[1:]) if start <= b <= end]
+    """Seconds between consecutive arrivals, for the gaps that overlap [start, end] (a stall that
+    ends after `end` counts)."""
+    return [b - a for a, b in zip(times, times[1:]) if b >= start and a <= end]
 
 
 def numbered_prompt(i: int, text: str) -> list[dict]:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-CUDA_DISTRIBUTIONS = ("mlx-cuda-12", "mlx-cuda-13", "mlx-cuda")
+CUDA_DISTRIBUTIONS = ("mlx-cuda-12", "mlx-cuda-13")
 
 
 def cpu_backend() -> bool:

@@ -42,7 +42,7 @@ class Broadcaster:
         from channels.layers import get_channel_layer
 
         layer = get_channel_layer()
-        if layer is None:
+        if layer is None or not _has_listeners(layer):
             return
         try:
             snapshot = snapshot or self.runtime.snapshot()
@@ -56,3 +56,10 @@ class Broadcaster:
         if self._pending is not None:
             self._pending.cancel()
             self._pending = None
+
+
+def _has_listeners(layer) -> bool:
+    """Whether a dashboard is connected. The in-memory layer says so; building a snapshot nobody
+    reads costs the event loop a memory probe ten times a second while requests stream."""
+    groups = getattr(layer, "groups", None)
+    return groups is None or bool(groups.get(GROUP))

@@ -76,7 +76,7 @@ class ModelSlots:
     def release(self, model_id: str) -> None:
         m = self._models[model_id]
         while m.waiters:
-            waiter = m.waiters.pop()
+            waiter = m.waiters.popleft()
             if not waiter.done():            # a cancelled one is still queued until its task runs
                 waiter.set_result(None)      # the slot changes hands: running stays as it is
                 self.on_change(model_id)

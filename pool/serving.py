@@ -1,8 +1,9 @@
 """The serving door: the one way a request reaches an engine.
 
 `open_completion` admits the request (the gate memory pressure closes), takes a lease on its model
-(loading it, evicting others, if needed), waits for one of the model's concurrency slots, encodes the prompt on a worker thread, applies the
-prefill guard and starts generation. The `Completion` it returns yields the engine's chunks with
+(loading it, evicting others, if needed), waits for one of the model's concurrency slots
+(pool/concurrency.py), encodes the prompt on a worker thread, applies the prefill guard and starts
+generation. The `Completion` it returns yields the engine's chunks with
 engine errors mapped to the pool's domain errors, and `aclose()` releases everything. Routes parse
 and frame; they never see an engine."""
 
@@ -101,7 +102,6 @@ class Serving:
         except BaseException:
             await stack.aclose()
             raise
-
 
     def _refuse_if_queue_full(self, model_id: str) -> None:
         try:

@@ -32,6 +32,7 @@ from .types import (CacheStats, Chunk, EngineError, KVConfig, LoadAborted, LoadR
 
 log = logging.getLogger(__name__)
 
+STATS_INTERVAL = 0.05     # seconds between two readings of the KV sizes while requests decode
 PREFILL_STEP = 512         # prompt tokens read per step until the pool sets its own (OMLX_PREFILL_STEP)
 
 
@@ -124,6 +125,7 @@ class Engine:
         self.prefill_step = PREFILL_STEP     # the enforcer lowers it under pressure (read each step)
         self._requests: dict[int, _Request] = {}
         self._outbox: dict[_Request, list] = {}     # emitted this step, handed over once per step
+        self._stats_at = 0.0
         self._stop_command: _Command | None = None
         self.abort_load = False
         self.model_info: dict = {}
@@ -374,7 +376,8 @@ class Engine:
                     self._remove(req)
                     self._emit(req, EngineError(f"generation failed: {type(e).__name__}"))
             self._retire(key)
-        self._update_cache_stats()
+        if time.monotonic() - self._stats_at >= STATS_INTERVAL or not self._requests:
+            self._update_cache_stats()
 
     def _fail_lane(self, key, error: EngineError) -> None:
         for req in [r for (k, _), r in self._requests.items() if k == key]:
@@ -387,6 +390,7 @@ class Engine:
             self._lanes[key] = BatchLane(self._model, KVConfig(), self._stop_tokens)
 
     def _update_cache_stats(self) -> None:
+        self._stats_at = time.monotonic()
         pc = self._prompt_cache
         kv = sum(lane.kv_bytes for lane in self._lanes.values())
         disk = pc.disk if pc is not None else None

@@ -1,6 +1,7 @@
 """Where an engine's requests decode, by the KV cache they asked for.
 
-Requests whose KV configuration can share a batch share a `BatchLane`: one mlx-lm BatchGenerator.
+Requests whose KV configuration can share a batch share a `BatchLane`: one mlx-lm BatchGenerator,
+and mlx-lm's faster single-sequence path while only one request is in it (alone.py).
 The default (a growing KVCache) is one lane; each `max_kv_size` is another (a RotatingKVCache built
 by hand, since mlx-lm's make_prompt_cache ignores max_kv_size for llama, whose model makes its own
 cache). Quantized KV (`kv_bits`) has no batched cache in mlx-lm, so each such request decodes in a
@@ -153,6 +154,11 @@ class BatchLane:
         self._forget(g)
         caches = self._generator.remove([g], return_prompt_caches=keep_cache)
         return caches.get(g)
+
+    @property
+    def alone_uid(self) -> int | None:
+        """The request decoding on the single-sequence path, if one is."""
+        return self._alone.uid if self._alone is not None else None
 
     @property
     def kv_bytes(self) -> int:

@@ -58,7 +58,7 @@ class Refusal(StrEnum):
 
 
 class Rejection(StrEnum):
-    """Why a request was turned away before it ran (a 503; the admission_rejections metric's `reason`)."""
+    """Why a request was turned away before it ran: the admission_rejections metric's `reason`."""
     QUEUE_FULL = "queue_full"               # admission paused by memory pressure and its queue full
     TIMEOUT = "timeout"                     # admission stayed paused too long
     PREFILL = "prefill"                     # the prompt's KV cache cannot fit (a 400)

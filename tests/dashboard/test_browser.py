@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,7 @@ def test_pin_load_and_watch_an_eviction(start_server, make_model, browser):
     # The demo (~115 MB) fits with its KV headroom; the demo plus a 60 MB model does not, so
     # loading the second evicts the demo.
     server = start_server({SECOND: make_model(SECOND, 60)}, OMLX_MAX_MODEL_MEMORY="160MB",
-                          OMLX_MEMORY_CEILING="2GB")
+                          OMLX_MEMORY_CEILING="2GB", OMLX_MAX_CONCURRENT=1)
     page = browser.new_page(viewport={"width": 1280, "height": 1000})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
@@ -81,10 +82,21 @@ def test_pin_load_and_watch_an_eviction(start_server, make_model, browser):
     expect(second.locator(".kvbar")).to_have_attribute("title", re.compile(r"prompt cache [1-9]"))
     assert float(second.locator(".seg.pcache").evaluate("e => parseFloat(e.style.width)")) > 0
 
+    # one request runs (OMLX_MAX_CONCURRENT=1) and one waits for its slot: the row shows both
+    stream = server.stream(SECOND)
+    waiting = threading.Thread(target=server.chat, args=(SECOND,))
+    waiting.start()
+    expect(second.locator(".active .running")).to_have_text("1")
+    expect(second.locator(".active .queued")).to_have_text("1 queued")
+
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
     page.set_viewport_size({"width": 390, "height": 844})
     page.screenshot(path=str(ARTIFACTS / "dashboard-phone.png"), full_page=True)
+    stream.close()
+    waiting.join(60)
+    expect(second.locator(".active .queued")).to_have_text("")
+    expect(second.locator(".active .running")).to_have_text("0")
     assert not errors, errors
 
 

@@ -31,6 +31,11 @@ def open_(core: Core, model: str = "a", **spec):
     return core.serving.open_completion(CompletionSpec(model=model, prompt="a b c", **spec))
 
 
+async def close_when_open(task) -> None:
+    """Close a queued request once it has its slot (within a bound: a broken queue fails, not hangs)."""
+    await (await asyncio.wait_for(task, 2)).aclose()
+
+
 async def settle() -> None:
     for _ in range(5):
         await asyncio.sleep(0)
@@ -107,7 +112,7 @@ async def test_a_full_queue_is_a_503_with_retry_after_at_once(models):
     assert rejected == ["model_queue_full"]
     assert starts == [] and core.pool.entries["a"].leases == 2     # the refused request took no lease
     await running.aclose()
-    await (await queued).aclose()
+    await close_when_open(queued)
 
 
 async def test_no_queue_refuses_as_soon_as_the_slots_are_taken(models):
@@ -132,7 +137,7 @@ async def test_a_request_cancelled_while_queued_leaves_the_queue(models):
     another = asyncio.ensure_future(open_(core))        # its place is free again: no 503
     await settle()
     await running.aclose()
-    await (await asyncio.wait_for(another, 1)).aclose()
+    await close_when_open(another)
     assert core.pool.slots.counts("a") == (0, 0) and core.pool.entries["a"].leases == 0
 
 
@@ -201,7 +206,7 @@ async def test_the_snapshot_and_metrics_show_running_and_queued(models):
     assert 'running_requests{model="a"} 1.0' in text and 'queued_requests{model="a"} 2.0' in text
     assert 'queued_requests{model="b"} 0.0' in text
     await running.aclose()
-    for task in queued:
+    for task in asyncio.as_completed(queued, timeout=2):
         await (await task).aclose()
     rows = {m["id"]: m for m in build(core.pool, core.probe.read())["models"]}
     assert (rows["a"]["running"], rows["a"]["queued"]) == (0, 0)
@@ -215,5 +220,5 @@ async def test_queue_changes_reach_the_listeners(models):
     queued = asyncio.ensure_future(open_(core))
     await settle()
     await running.aclose()
-    await (await queued).aclose()
+    await close_when_open(queued)
     assert seen.count(("queue", "a")) == 4     # took, queued, handed over, gave back

@@ -1,0 +1,106 @@
+"""The default lane on the demo model: a lone request decodes on mlx-lm's single-sequence path and
+moves into the batch when another arrives (and back when it is left alone), and greedy output is
+the same token for token whichever path a request took."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+from mlx_lm.sample_utils import make_sampler
+
+from pool.engines.engine import _coalesced
+from pool.engines.lanes import BatchLane
+from pool.engines.loading import load_weights
+from pool.engines.types import Chunk, EngineError
+from pool.policy.kv import KVConfig
+
+
+@pytest.fixture(scope="module")
+def demo(demo_model_dir):
+    model, tokenizer, _ = load_weights(demo_model_dir)
+    return model, tokenizer
+
+
+def prompt(tokenizer, text: str) -> list[int]:
+    return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
+
+
+def alone_greedy(model, tokenizer, tokens: list[int], max_tokens: int) -> list[int]:
+    """Raw mlx-lm: generate_step, greedy, stopping at the end-of-sequence token."""
+    out = []
+    for token, _ in generate_step(mx.array(tokens), model, max_tokens=max_tokens, sampler=make_sampler(temp=0)):
+        out.append(token)
+        if token in tokenizer.eos_token_ids:
+            break
+    return out
+
+
+def lane_for(model, tokenizer) -> BatchLane:
+    return BatchLane(model, KVConfig(), [[t] for t in sorted(tokenizer.eos_token_ids)])
+
+
+def insert(lane, tokens, max_tokens):
+    return lane.insert(tokens, cache=None, all_tokens=[], max_tokens=max_tokens, sampler=make_sampler(temp=0))
+
+
+def test_a_lone_request_runs_alone_and_two_that_arrive_together_share_the_batch(demo):
+    model, tokenizer = demo
+    a, b = prompt(tokenizer, "What is the capital of France?"), prompt(tokenizer, "Name three colours.")
+    expected = {"a": alone_greedy(model, tokenizer, a, 12), "b": alone_greedy(model, tokenizer, b, 12)}
+
+    lane = lane_for(model, tokenizer)
+    uid = insert(lane, a, 12)
+    out = []
+    while not lane.empty:
+        steps = lane.step()
+        assert lane.alone_uid in (uid, None)
+        out += [s.token for s in steps]
+    assert out == expected["a"]
+
+    uids = {insert(lane, a, 12): "a", insert(lane, b, 12): "b"}
+    got = {"a": [], "b": []}
+    lane.step()
+    assert lane.alone_uid is None                      # arrived together: both in the batch
+    while not lane.empty:
+        for s in lane.step():
+            got[uids[s.uid]].append(s.token)
+    assert got == expected
+
+
+def test_a_request_moves_into_the_batch_and_back_without_changing_its_tokens(demo):
+    model, tokenizer = demo
+    a, b = prompt(tokenizer, "What is the capital of France?"), prompt(tokenizer, "Write a poem about the sea.")
+    expected = {"a": alone_greedy(model, tokenizer, a, 20), "b": alone_greedy(model, tokenizer, b, 30)}
+
+    lane = lane_for(model, tokenizer)
+    uids = {insert(lane, a, 20): "a"}
+    got, paths, last = {"a": [], "b": []}, [], {}
+    while not lane.empty:
+        for s in lane.step():
+            got[uids[s.uid]].append(s.token)
+            if s.finish_reason is not None:
+                last[uids[s.uid]] = s
+        paths.append(uids.get(lane.alone_uid))
+        if len(got["a"]) == 4 and len(uids) == 1:
+            uids[insert(lane, b, 30)] = "b"
+    assert got == expected
+    # a alone, both in the batch, then b alone once a has finished
+    seen = [p for i, p in enumerate(paths) if i == 0 or paths[i - 1] != p]
+    assert seen == ["a", None, "b", None], paths
+    # the finished request's KV and tokens agree, for the prompt cache
+    for name in "ab":
+        assert last[name].prompt_cache[0].offset == len(last[name].all_tokens)
+
+
+def test_chunks_that_piled_up_are_joined_and_the_last_and_errors_stay_in_order():
+    error = EngineError("x")
+    cases = [
+        ([], []),
+        ([Chunk("a")], [Chunk("a")]),
+        ([Chunk("a"), Chunk("b"), Chunk("c")], [Chunk("abc")]),
+        ([Chunk("a"), Chunk("b", "stop", 3, 2)], [Chunk("ab", "stop", 3, 2)]),
+        ([Chunk("a"), error, Chunk("b")], [Chunk("a"), error, Chunk("b")]),
+    ]
+    for items, expected in cases:
+        assert _coalesced(items) == expected
