@@ -149,6 +149,8 @@ def start_omlx(model: Path, *more_models: Path, **env_overrides) -> Running:
         (home / "models" / folder.name).symlink_to(folder)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_")}
     env.update(OMLX_HOME=str(home), OMLX_MODEL_DIRS=str(home / "models"), **env_overrides)
+    # OMLX_BENCH_ENV="OMLX_A=1 OMLX_B=2": settings for the server under test (A/B runs of one setting)
+    env.update(pair.split("=", 1) for pair in os.environ.get("OMLX_BENCH_ENV", "").split())
     port = free_port()
     log = _log_target()
     proc = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(port)], cwd=ROOT, env=env,

@@ -29,6 +29,7 @@ class Command(BaseCommand):
         self._adopt_host(host)
         self._prepare_database()
         self._say_blas()
+        sys.setswitchinterval(get_settings().switch_interval)
         from daphne.endpoints import build_endpoint_description_strings
         from daphne.server import Server
         from twisted.internet import defer, reactor
