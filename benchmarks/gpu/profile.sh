@@ -9,7 +9,7 @@ export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 [ -x /tmp/spy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/prof/*.whl
 (for _ in $(seq 120); do pid=$(pgrep -f "manage.py serve" | head -1); [ -n "$pid" ] && break; sleep 0.5; done
- sleep 25; /tmp/spy/bin/py-spy record -p "$pid" -r 200 -d 20 -f raw --threads -o "$out/profile-$level.txt" >/dev/null 2>&1 \
+ sleep 5; /tmp/spy/bin/py-spy record -p "$pid" -r 200 -d 100 -f raw --threads -o "$out/profile-$level.txt" >/dev/null 2>&1 \
    || echo "py-spy could not sample here") &
 cd benchmarks && python3 concurrency.py --model "$model" --levels "$level" --tokens 512 --rounds 1
 wait
