@@ -130,7 +130,7 @@ SETTINGS: list[Setting] = [
             "requests that may wait for one model's slot (first come first served); beyond that a 503"),
     Setting("OMLX_PREFILL_STEP", "512", positive_int,
             "prompt tokens read per step; running streams decode a token between two steps (memory pressure lowers it)"),
-    Setting("OMLX_SWITCH_INTERVAL", "0.005", float,
+    Setting("OMLX_SWITCH_INTERVAL", "0.0005", float,
             "seconds a Python thread may hold the GIL while another waits (sys.setswitchinterval)"),
     Setting("OMLX_TELEMETRY_DAYS", "7", float, "days of enforcer telemetry kept"),
     Setting("OMLX_PROMPT_CACHE_BYTES", "auto", size_or_keyword("auto", "off"),

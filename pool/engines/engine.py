@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
@@ -26,7 +26,7 @@ from .lanes import BatchLane, SoloLane
 from .loading import fill_weights, model_info, open_model
 from .native import release_memory
 from .prompt_cache import PromptCache, make_prompt_cache_store
-from .stops import find_stop, holdback
+from .requests import Outbox, Request, coalesced
 from .types import (CacheStats, Chunk, EngineError, KVConfig, LoadAborted, LoadResult, ReleaseResult,
                     RequestAborted, SamplingParams)
 
@@ -36,46 +36,10 @@ STATS_INTERVAL = 0.05     # seconds between two readings of the KV sizes while r
 PREFILL_STEP = 512         # prompt tokens read per step until the pool sets its own (OMLX_PREFILL_STEP)
 
 
-@dataclass(eq=False)     # a dict key by identity
-class _Request:
-    tokens: list[int]
-    params: SamplingParams
-    loop: asyncio.AbstractEventLoop
-    ready: asyncio.Event = field(default_factory=asyncio.Event)   # set on the loop when `arrived` grows
-    arrived: list = field(default_factory=list)    # chunks (or an error) handed over, not yet read
-    uid: int | None = None
-    detokenizer: Any = None
-    text: str = ""          # decoded so far, not yet emitted
-    generated: int = 0
-    cached_tokens: int = 0  # prompt tokens taken from the prompt cache
-    lane: Any = None        # the key of the lane it decodes in
-    done: bool = False
-
-
-def _hand_over(batch: list[tuple[_Request, list]]) -> None:
-    """On the event loop: what one engine step produced, for every request it touched."""
-    for req, items in batch:
-        req.arrived.extend(items)
-        req.ready.set()
-
-
-def _coalesced(items: list) -> list:
-    """Text chunks that piled up while the reader was busy become one; errors and the last chunk stay
-    in order."""
-    out: list = []
-    for item in items:
-        prev = out[-1] if out else None
-        if (isinstance(item, Chunk) and isinstance(prev, Chunk) and prev.finish_reason is None):
-            out[-1] = replace(item, text=prev.text + item.text)
-        else:
-            out.append(item)
-    return out
-
-
 @dataclass
 class _Command:
     kind: str                      # "insert" | "cancel" | "call" | "abort_all" | "stop"
-    request: _Request | None = None
+    request: Request | None = None
     fn: Callable[[], Any] | None = None
     future: asyncio.Future | None = None
     loop: asyncio.AbstractEventLoop | None = None
@@ -123,8 +87,8 @@ class Engine:
         self._solo_ids = itertools.count()
         self._stop_tokens: list[list[int]] = []
         self.prefill_step = PREFILL_STEP     # the enforcer lowers it under pressure (read each step)
-        self._requests: dict[int, _Request] = {}
-        self._outbox: dict[_Request, list] = {}     # emitted this step, handed over once per step
+        self._requests: dict[int, Request] = {}
+        self._outbox = Outbox()
         self._stats_at = 0.0
         self._stop_command: _Command | None = None
         self.abort_load = False
@@ -193,14 +157,14 @@ class Engine:
         """Yield chunks of text. Closing or cancelling the iterator removes the request from the
         batch before the next decode step."""
         loop = asyncio.get_running_loop()
-        req = _Request(tokens=tokens, params=params, loop=loop)
+        req = Request(tokens=tokens, params=params, loop=loop)
         self._commands.put(_Command("insert", request=req))
         try:
             while True:
                 if not req.arrived:
                     await req.ready.wait()
                 req.ready.clear()
-                items, req.arrived = _coalesced(req.arrived), []
+                items, req.arrived = coalesced(req.arrived), []
                 for item in items:
                     if isinstance(item, BaseException):
                         raise item
@@ -255,25 +219,8 @@ class Engine:
             self._handle_commands(block=not self._requests)
             if self._requests and self._stop_command is None:
                 self._step()
-            self._flush()
+            self._outbox.flush()
         self._release(self._stop_command)
-
-    def _emit(self, req: _Request, item: Chunk | BaseException) -> None:
-        self._outbox.setdefault(req, []).append(item)
-
-    def _flush(self) -> None:
-        """One wake-up of each event loop per step, whatever the number of requests and tokens."""
-        if not self._outbox:
-            return
-        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-        for req, items in self._outbox.items():
-            by_loop.setdefault(req.loop, []).append((req, items))
-        self._outbox = {}
-        for loop, batch in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_hand_over, batch)
-            except RuntimeError:  # the client's loop is gone
-                pass
 
     def _handle_commands(self, block: bool) -> None:
         while True:
@@ -297,7 +244,7 @@ class Engine:
                 self._stop_command = cmd
                 return
 
-    def _insert(self, req: _Request) -> None:
+    def _insert(self, req: Request) -> None:
         p = req.params
         try:   # anything that fails here ends this request, never the engine's thread
             if p.seed is not None:
@@ -312,7 +259,7 @@ class Engine:
         except Exception as e:  # noqa: BLE001
             req.done = True
             self._retire(req.lane)
-            self._emit(req, EngineError(f"could not start generation: {e}"))
+            self._outbox.emit(req, EngineError(f"could not start generation: {e}"))
             return
         req.detokenizer = self._tokenizer.detokenizer
         self._requests[(req.lane, req.uid)] = req
@@ -333,7 +280,7 @@ class Engine:
             lane.close()
             del self._lanes[key]
 
-    def _remove(self, req: _Request, *, keep_cache: bool = False) -> None:
+    def _remove(self, req: Request, *, keep_cache: bool = False) -> None:
         if req.uid is not None and self._requests.pop((req.lane, req.uid), None) is not None:
             lane = self._lanes.get(req.lane)
             kept = lane.remove(req.uid, keep_cache=keep_cache) if lane is not None else None
@@ -343,14 +290,14 @@ class Engine:
         req.done = True
         self.active_requests = len(self._requests)
 
-    def _store(self, req: _Request, cache, tokens) -> None:
+    def _store(self, req: Request, cache, tokens) -> None:
         if req.params.cache_prompt and req.params.kv.default and self._prompt_cache is not None and cache:
             self._prompt_cache.store(list(tokens), cache)
 
     def _abort_all(self, error: BaseException) -> None:
         for req in list(self._requests.values()):
             self._remove(req)
-            self._emit(req, error)
+            self._outbox.emit(req, error)
 
     def _step(self) -> None:
         for key, lane in list(self._lanes.items()):
@@ -374,7 +321,7 @@ class Engine:
                 except Exception as e:  # noqa: BLE001
                     log.exception("delivering a token failed on %s", self.model_id)
                     self._remove(req)
-                    self._emit(req, EngineError(f"generation failed: {type(e).__name__}"))
+                    self._outbox.emit(req, EngineError(f"generation failed: {type(e).__name__}"))
             self._retire(key)
         if time.monotonic() - self._stats_at >= STATS_INTERVAL or not self._requests:
             self._update_cache_stats()
@@ -382,7 +329,7 @@ class Engine:
     def _fail_lane(self, key, error: EngineError) -> None:
         for req in [r for (k, _), r in self._requests.items() if k == key]:
             self._remove(req)
-            self._emit(req, error)
+            self._outbox.emit(req, error)
         lane = self._lanes.pop(key, None)
         if lane is not None:
             lane.close()
@@ -410,32 +357,17 @@ class Engine:
         self._update_cache_stats()
         return freed
 
-    def _deliver(self, req: _Request, token: int, finish_reason: str | None) -> None:
-        detok = req.detokenizer
-        if finish_reason != "stop":  # the stop (EOS) token itself is not text
-            detok.add_token(token)
-            req.generated += 1
-        if finish_reason is not None:
-            detok.finalize()
-        req.text += detok.last_segment
-        stop_at = find_stop(req.text, req.params.stop)
-        stopped_here = stop_at is not None and finish_reason is None
-        if stop_at is not None:
-            req.text, finish_reason = req.text[:stop_at], "stop"
-        if finish_reason is None:
-            emit = req.text[: len(req.text) - holdback(req.text, req.params.stop)]
-            req.text = req.text[len(emit):]
-            if emit:
-                self._emit(req, Chunk(emit))
-            return
-        self._emit(req, Chunk(req.text, finish_reason, len(req.tokens), req.generated, req.cached_tokens))
-        req.text = ""
-        self._remove(req, keep_cache=stopped_here)   # a stop string ends it before the generator does
+    def _deliver(self, req: Request, token: int, finish_reason: str | None) -> None:
+        chunk, stopped_here = req.advance(token, finish_reason)
+        if chunk is not None:
+            self._outbox.emit(req, chunk)
+        if chunk is not None and chunk.finish_reason is not None:
+            self._remove(req, keep_cache=stopped_here)   # a stop string ends it before the generator does
 
     def _release(self, cmd: _Command) -> None:
         rss_before, active_before = _rss(), mx.get_active_memory()
         self._abort_all(RequestAborted(cmd.message or "the model was unloaded", "model_unloaded"))
-        self._flush()
+        self._outbox.flush()
         if self._prompt_cache is not None:
             self._prompt_cache.clear()
         mx.synchronize(generation_stream)  # mlx-lm's look-ahead step still holds arrays

@@ -9,7 +9,7 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 
-from pool.engines.engine import _coalesced
+from pool.engines.requests import coalesced
 from pool.engines.lanes import BatchLane
 from pool.engines.loading import load_weights
 from pool.engines.types import Chunk, EngineError
@@ -103,4 +103,4 @@ def test_chunks_that_piled_up_are_joined_and_the_last_and_errors_stay_in_order()
         ([Chunk("a"), error, Chunk("b")], [Chunk("a"), error, Chunk("b")]),
     ]
     for items, expected in cases:
-        assert _coalesced(items) == expected
+        assert coalesced(items) == expected
