@@ -261,10 +261,20 @@ class EnginePool(Relief):
     async def _load(self, entry: Entry, plan: AdmissionPlan, requested_by: str | None) -> None:
         future = entry._load_future
         detail = f"to load '{entry.id}'" + ("" if plan.with_headroom else " without KV headroom")
+        memory_free = threading.Event()
+        pending = len(plan.victims)
+
+        def released() -> None:      # a victim's memory is back (its history row is written after)
+            nonlocal pending
+            pending -= 1
+            if pending <= 0:
+                memory_free.set()
+        if not pending:
+            memory_free.set()
         unloads = [self._unload(self.entries[v.id], reason=v.reason, requested_by=requested_by or entry.id,
-                                detail=detail) for v in plan.victims]
+                                detail=detail, on_released=released) for v in plan.victims]
         try:
-            result = await self._load_beside(entry, unloads)
+            result = await self._load_beside(entry, unloads, memory_free)
         except EngineLoadAborted:
             entry.state, entry.engine = State.UNLOADED, None
             future.set_exception(LoadAborted(f"Loading '{entry.id}' was aborted: process memory pressure. "
@@ -285,10 +295,9 @@ class EnginePool(Relief):
             entry.load_started_at = None
             self.events.changed(Change.LOAD_END, entry.id)
 
-    async def _load_beside(self, entry: Entry, unloads: list) -> LoadResult:
+    async def _load_beside(self, entry: Entry, unloads: list, memory_free: threading.Event) -> LoadResult:
         """The new model reads its tokenizer and opens its files while the victims free their memory;
-        its weights take memory only once they are gone."""
-        memory_free = threading.Event()
+        its weights take memory only once they are gone (`memory_free`)."""
         loading = asyncio.ensure_future(entry.engine.load(memory_free=memory_free))
         try:
             await asyncio.gather(*unloads)
@@ -297,7 +306,6 @@ class EnginePool(Relief):
             memory_free.set()
             await asyncio.gather(loading, return_exceptions=True)
             raise
-        memory_free.set()
         return await loading
 
     # ---- unloading ---------------------------------------------------------------------------
@@ -323,10 +331,13 @@ class EnginePool(Relief):
         entry._unload_future = asyncio.get_running_loop().create_future()
 
     async def _unload(self, entry: Entry, *, reason: Reason, requested_by: str | None = None,
-                      detail: str = "", message: str | None = None) -> None:
+                      detail: str = "", message: str | None = None,
+                      on_released: Callable[[], None] | None = None) -> None:
         if entry.state == State.LOADED:
             self._mark_unloading(entry)
         elif entry.state != State.UNLOADING or entry._unload_future.done():
+            if on_released is not None:
+                on_released()
             return
         self.events.changed(Change.UNLOAD_START, entry.id)
         started = time.perf_counter()
@@ -338,6 +349,8 @@ class EnginePool(Relief):
             entry.state, entry.marked_for_unload, entry.keep_alive = State.UNLOADED, None, None
             entry._unload_future.set_result(None)
             self.events.changed(Change.UNLOAD, entry.id)
+            if on_released is not None:
+                on_released()
         after = self.probe.read()
         expected = entry.measured_bytes or entry.size_bytes
         warning = release.freed_bytes < 0.9 * expected

@@ -157,3 +157,28 @@ async def test_model_defaults_apply_when_the_request_leaves_them_out(models):
     core.pool.apply_settings("a", {"max_tokens": 5})
     assert len(await core.complete("a")) == 5
     assert len(await core.complete("a", max_tokens=2)) == 2
+
+
+async def test_a_load_fills_its_weights_once_its_victim_is_freed_not_after_the_history_row(models):
+    core = Core(models, max_model_memory=260 * MB)
+    await core.pool.load("a")
+    await core.pool.load("b")
+    writing = asyncio.Event()
+    history_written = asyncio.Event()
+
+    async def slow_history(**event):          # the database is slow to take the eviction's row
+        writing.set()
+        await history_written.wait()
+    core.pool.events.recorder = slow_history
+    core.clock.advance(1)
+    load = asyncio.ensure_future(core.pool.load("c"))
+    await asyncio.wait_for(writing.wait(), 1)
+    assert "a" not in core.memory.held              # the victim's memory is back first
+    for _ in range(200):                            # then c's weights arrive, the row still unwritten
+        if "c" in core.memory.held:
+            break
+        await asyncio.sleep(0.005)
+    assert "c" in core.memory.held and not history_written.is_set()
+    history_written.set()
+    await asyncio.wait_for(load, 1)
+    assert core.states() == {"a": "unloaded", "b": "loaded", "c": "loaded", "big": "unloaded"}
