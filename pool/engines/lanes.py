@@ -21,6 +21,7 @@ from mlx_lm.models.cache import RotatingKVCache, trim_prompt_cache
 from .alone import Alone, Pending, can_run_alone
 from .types import KVConfig
 
+SIMILAR_TOKENS = 64        # prompts up to this long always enter together (padding them costs little)
 ROTATING_KEEP = 4          # tokens a rotating cache always keeps at the start (mlx-lm's default)
 
 
@@ -32,6 +33,19 @@ class Step:
     finish_reason: str | None
     prompt_cache: list[Any] | None = None
     all_tokens: list[int] | None = None
+
+
+def shortest_first(incoming: list[Pending], unstarted: list[int]) -> tuple[list[Pending], list[Pending]]:
+    """(those that enter the batch now, those that wait a step). mlx-lm pads the prompts read together
+    to the longest one's chunk, so a short prompt arriving with a long one would pay for the long one
+    (measured: 7.3 s instead of 0.5 s beside a 440-token prompt). A prompt more than twice as long
+    as the shortest one waiting (here or not yet started in the batch) waits until those have their
+    first token; prompts of similar lengths still enter, and are read, together."""
+    lengths = [len(p.tokens) for p in incoming] + unstarted
+    if not lengths:
+        return incoming, []
+    limit = max(2 * min(lengths), SIMILAR_TOKENS)
+    return [p for p in incoming if len(p.tokens) <= limit], [p for p in incoming if len(p.tokens) > limit]
 
 
 class BatchLane:
@@ -83,11 +97,15 @@ class BatchLane:
             self._alone = Alone(self.model, self._incoming.pop(), self._stop)
             return
         if self._alone is not None:          # company: the lone request joins the batch with them
-            self._to_batch(self._alone.handover())
+            self._incoming.insert(0, self._alone.handover())
             self._alone = None
-        for pending in self._incoming:
+        entering, self._incoming = shortest_first(self._incoming, self._unstarted_lengths())
+        for pending in entering:
             self._to_batch(pending)
-        self._incoming = []
+
+    def _unstarted_lengths(self) -> list[int]:
+        """Prompt tokens of the batch's requests that have not produced their first token yet."""
+        return [len(p.tokens) for uid, p in self._batched.items() if not self._generated.get(uid)]
 
     def _to_batch(self, p: Pending) -> None:
         (g,) = self._generator.insert([p.tokens], max_tokens=[p.max_tokens], caches=[p.cache],

@@ -104,3 +104,24 @@ def test_chunks_that_piled_up_are_joined_and_the_last_and_errors_stay_in_order()
     ]
     for items, expected in cases:
         assert coalesced(items) == expected
+
+
+@pytest.mark.parametrize("incoming, unstarted, enter", [
+    ([], [], []),
+    ([20], [], [20]),
+    ([20, 440], [], [20]),                 # the long one waits for the short one's first token
+    ([440, 20], [], [20]),
+    ([440], [20], []),                     # a short one in the batch has not started yet
+    ([440], [], [440]),
+    ([100, 150, 190], [], [100, 150, 190]),  # similar lengths are read together
+    ([10, 60], [], [10, 60]),              # short prompts always enter together
+    ([1, 300], [], [1]),                   # a request handed over from the single path, and a long one
+])
+def test_prompts_enter_the_batch_shortest_first(incoming, unstarted, enter):
+    from pool.engines.alone import Pending
+    from pool.engines.lanes import shortest_first
+
+    pendings = [Pending(i, [0] * n, None, [], 8, None) for i, n in enumerate(incoming)]
+    now, later = shortest_first(pendings, unstarted)
+    assert [len(p.tokens) for p in now] == enter
+    assert sorted(p.uid for p in now + later) == list(range(len(incoming)))
