@@ -24,7 +24,7 @@ from mlx_lm.sample_utils import make_sampler
 
 from .lanes import BatchLane, SoloLane
 from .loading import fill_weights, model_info, open_model
-from .native import release_memory
+from .native import ACCOUNTING, release_memory
 from .prompt_cache import PromptCache, make_prompt_cache_store
 from .requests import Outbox, Request, coalesced
 from .types import (CacheStats, Chunk, EngineError, KVConfig, LoadAborted, LoadResult, ReleaseResult,
@@ -365,14 +365,16 @@ class Engine:
             self._remove(req, keep_cache=stopped_here)   # a stop string ends it before the generator does
 
     def _release(self, cmd: _Command) -> None:
-        rss_before, active_before = _rss(), mx.get_active_memory()
-        self._abort_all(RequestAborted(cmd.message or "the model was unloaded", "model_unloaded"))
-        self._outbox.flush()
-        if self._prompt_cache is not None:
-            self._prompt_cache.clear()
-        mx.synchronize(generation_stream)  # mlx-lm's look-ahead step still holds arrays
-        self._drop_model()
-        _resolve(cmd, ReleaseResult(active_before, mx.get_active_memory(), rss_before, _rss()))
+        with ACCOUNTING:          # no load fills weights while the fall is measured
+            rss_before, active_before = _rss(), mx.get_active_memory()
+            self._abort_all(RequestAborted(cmd.message or "the model was unloaded", "model_unloaded"))
+            self._outbox.flush()
+            if self._prompt_cache is not None:
+                self._prompt_cache.clear()
+            mx.synchronize(generation_stream)  # mlx-lm's look-ahead step still holds arrays
+            self._drop_model()
+            result = ReleaseResult(active_before, mx.get_active_memory(), rss_before, _rss())
+        _resolve(cmd, result)
 
     def _drop_model(self) -> None:
         for lane in self._lanes.values():

@@ -13,6 +13,7 @@ from mlx_lm.generate import generation_stream
 from mlx_lm.utils import load_model, load_tokenizer
 
 from .dequantize import dequantize_for_cpu
+from .native import ACCOUNTING
 
 
 EVAL_GROUP_BYTES = 64 * 2**20
@@ -51,9 +52,11 @@ def fill_weights(model) -> int:
         group.append(weight)
         size += weight.nbytes
         if size >= EVAL_GROUP_BYTES:
-            mx.eval(group)
+            with ACCOUNTING:
+                mx.eval(group)
             group, total, size = [], total + size, 0
-    mx.eval(group)
+    with ACCOUNTING:
+        mx.eval(group)
     mx.synchronize(generation_stream)
     return total + size
 

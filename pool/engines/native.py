@@ -4,6 +4,7 @@ import ctypes
 import ctypes.util
 import gc
 import sys
+import threading
 
 import mlx.core as mx
 
@@ -31,6 +32,12 @@ if _LIBC is not None:
     # Two keep them apart (the loop in the main arena, engines in the other) and bound the creep.
     _LIBC.mallopt(M_MMAP_THRESHOLD, 2**20)
     _LIBC.mallopt(M_ARENA_MAX, 2)
+
+
+# MLX's active memory is one counter for the whole process. An unload measures what it freed as the
+# counter's fall across its release, so a load filling its weights meanwhile must not move it: both
+# take this lock (a load per group of weights, an unload for its measured release).
+ACCOUNTING = threading.Lock()
 
 
 def trim_native_heap() -> None:
