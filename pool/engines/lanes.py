@@ -11,7 +11,7 @@ engine steps every lane in turn, so all of them run concurrently on its one thre
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import mlx.core as mx
@@ -111,7 +111,7 @@ class BatchLane:
         (g,) = self._generator.insert([p.tokens], max_tokens=[p.max_tokens], caches=[p.cache],
                                       all_tokens=[p.all_tokens], samplers=[p.sampler])
         self._in_batch[g] = p.uid
-        self._batched[p.uid] = p
+        self._batched[p.uid] = replace(p, cache=None, all_tokens=[])   # the generator holds the KV now
         self._generated[p.uid] = 0
 
     def _step_alone(self) -> list[Step]:
