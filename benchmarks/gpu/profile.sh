@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Where the server's time goes at many streams on the CUDA machine: py-spy (carried as a wheel under
 # .whl/prof) samples `manage.py serve` while concurrency.py runs one wave at LEVEL streams; the raw
-# samples go to $OUT/profile-LEVEL.txt (summarise with benchmarks/profile_summary.py).
+# samples are summarised per thread into $OUT/profile-LEVEL-summary.txt (benchmarks/profile_summary.py)
+# and kept gzipped in $OUT/profile-LEVEL.txt.gz.
 #     bash benchmarks/gpu/profile.sh MODEL_FOLDER [LEVEL]
 set -uo pipefail
 model=$1; level=${2:-32}
@@ -13,3 +14,5 @@ out=${OUT:-/tmp/out}; mkdir -p "$out"
    || echo "py-spy could not sample here") &
 cd benchmarks && python3 concurrency.py --model "$model" --levels "$level" --tokens 512 --rounds 1
 wait
+cd .. && [ -f "$out/profile-$level.txt" ] && python3 benchmarks/profile_summary.py "$out/profile-$level.txt" | tee "$out/profile-$level-summary.txt" \
+  && gzip -f "$out/profile-$level.txt"

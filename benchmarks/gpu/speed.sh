@@ -28,6 +28,6 @@ for model in "$bf16" "$q4"; do
   ! want concurrency || python3 concurrency.py --model "$model" --levels 1,4,8,16,32 --tokens 128 --rounds 2 2>&1 \
     | tee "$out/concurrency-$name.txt"
 done
-! want isolation || python3 isolation.py --model "$q4" --model-b "$bf16" --stream-tokens 256 --long-tokens 4000 2>&1 \
+! want isolation || python3 isolation.py --model "$q4" --model-b "$bf16" --stream-tokens 256 --long-tokens "${ISOLATION_LONG_TOKENS:-1500}" --rounds "${ISOLATION_ROUNDS:-2}" 2>&1 \
   | tee "$out/isolation.txt"
 ! want swap || python3 swap.py --model-a "$q4" --model-b "$bf16" 2>&1 | tee "$out/swap.txt"

@@ -116,7 +116,8 @@ def test_spilled_entries_come_back_from_disk(tmp_path):
     one = sum(c.nbytes for c in kv(100))
     store = PromptCache(max_bytes=int(1.5 * one), max_entries=10, disk=disk)
     store.store(list(range(100)), kv(100))
-    store.store([5] + list(range(99)), kv(100))                  # pushes the first out, to disk
+    assert store.unsaved and store.save_one() and not store.unsaved   # the engine was idle: written
+    store.store([5] + list(range(99)), kv(100))                  # pushes the first out: on disk already
     assert store.entries == 1 and disk.entries == 1
     cache, cached = store.fetch(list(range(100)) + [7, 8])
     assert cached == 100 and cache[0].offset == 100 and disk.stats.hits == 1
@@ -127,6 +128,19 @@ def test_spilled_entries_come_back_from_disk(tmp_path):
     assert again.entries == 1 and again.longest_prefix(list(range(100)))[1] == 100
     changed = DiskCache(tmp_path / "m", max_bytes=10**9, fingerprint="f2")  # other weights
     assert changed.entries == 0 and not list((tmp_path / "m").glob("*.safetensors"))
+
+
+def test_an_entry_pushed_out_under_load_is_dropped_but_an_unload_writes_what_is_left(tmp_path):
+    """Entries are written while the engine is idle: one pushed out by churn before that is counted
+    as dropped (writing it there would stall every stream), and clearing (an unload) writes them."""
+    disk = DiskCache(tmp_path / "m", max_bytes=10**9, fingerprint="f")
+    one = sum(c.nbytes for c in kv(30))
+    store = PromptCache(max_bytes=int(2.5 * one), max_entries=10, disk=disk)
+    for i in range(3):
+        store.store([i] * 30, kv(30))                             # the third pushes the first out
+    assert (store.entries, disk.entries, store.stats.spills_dropped) == (2, 0, 1)
+    store.clear()
+    assert sorted(disk._index.values()) == [[1] * 30, [2] * 30] and not store.unsaved
 
 
 def test_the_disk_tier_is_bounded_least_recently_used_first(tmp_path):
