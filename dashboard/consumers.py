@@ -18,7 +18,7 @@ from pool.errors import BadRequest, PoolError
 from pool.runtime import ensure_started
 from pool.strict_json import loads_strict
 
-from .access import may_view, same_origin
+from .access import may_connect, same_origin
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,8 @@ class PoolConsumer(AsyncJsonWebsocketConsumer):
 
     async def connect(self):
         client = (self.scope.get("client") or [None])[0]
-        if not same_origin(self.scope.get("headers", [])) or not may_view(self.scope.get("user"), client):
+        headers = self.scope.get("headers", [])
+        if not same_origin(headers) or not may_connect(self.scope.get("user"), client, headers):
             await self.close(code=REFUSED)  # before accept: the handshake is refused (HTTP 403)
             return
         self.pending: set[asyncio.Task] = set()

@@ -1,4 +1,5 @@
-"""ASGI entry point: HTTP through Django (static files included), websockets through Channels."""
+"""ASGI entry point: HTTP through Django (static files included), websockets through Channels.
+`in_flight` counts the HTTP requests running, for `serve`'s graceful shutdown."""
 
 import os
 
@@ -15,8 +16,11 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
+from pool.api.inflight import InFlight  # noqa: E402
+
+in_flight = InFlight(ASGIStaticFilesHandler(django_asgi_app))
 
 application = ProtocolTypeRouter({
-    "http": ASGIStaticFilesHandler(django_asgi_app),
+    "http": in_flight,
     "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 })

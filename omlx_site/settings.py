@@ -4,6 +4,7 @@ import secrets
 from pathlib import Path
 
 from pool.conf import get_settings
+from pool.network import hosts_for
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 OMLX = get_settings()
@@ -25,8 +26,11 @@ def _secret_key() -> str:
 
 SECRET_KEY = _secret_key()
 DEBUG = False
-_LOOPBACK = ["127.0.0.1", "localhost", "[::1]", "::1", "testserver"]
-ALLOWED_HOSTS = ["*"] if OMLX.host in ("0.0.0.0", "::") else [*_LOOPBACK, OMLX.host]
+# Only the names this server answers to (DNS rebinding: a page on evil.example that resolves to
+# this machine is refused). `serve` recomputes it for its --host, without the test client's name.
+ALLOWED_HOSTS = [*hosts_for(OMLX.host, OMLX.allowed_hosts), "testserver"]
+# A refused CSRF check answers the API's envelope on API paths, Django's page elsewhere.
+CSRF_FAILURE_VIEW = "pool.api.errors_views.csrf_failure"
 
 INSTALLED_APPS = [
     "daphne",
@@ -78,8 +82,12 @@ DATABASES = {
         "NAME": OMLX.home / "omlx.sqlite3",
         "OPTIONS": {
             # WAL survives a kill -9 with committed rows intact and lets readers run beside the writer.
+            # synchronous=NORMAL under WAL: a kill -9 keeps every committed write (only a power cut
+            # may lose the last ones).
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-            "timeout": 20,
+            # How long a write waits for another process's lock before it fails: settings writes
+            # then answer 503 `database_busy` with Retry-After (pool/storage.py), never hang.
+            "timeout": max(0.1, OMLX.db_busy_timeout),
             "transaction_mode": "IMMEDIATE",
         },
     }

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from pool.api.errors_views import not_found, server_error
+from pool.api.errors_views import bad_request, not_found, server_error
 
 urlpatterns = [
     path("", include("pool.api.urls")),
@@ -9,5 +9,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
 ]
 
+handler400 = bad_request
 handler404 = not_found
 handler500 = server_error

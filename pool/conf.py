@@ -82,6 +82,19 @@ def positive_int(text: str) -> int:
     return value
 
 
+def flag(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a flag: {text!r} (use 1 or 0)")
+
+
+def name_list(text: str) -> list[str]:
+    return [name.strip().lower() for name in text.split(",") if name.strip()]
+
+
 def choice(*options: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text.strip().lower() not in options:
@@ -111,7 +124,18 @@ SETTINGS: list[Setting] = [
             "model folders separated by os.pathsep; empty = $OMLX_HOME/models plus the Hugging Face hub cache when it exists"),
     Setting("OMLX_HOST", "127.0.0.1", str, "address `serve` listens on"),
     Setting("OMLX_PORT", "8000", int, "port `serve` listens on"),
-    Setting("OMLX_API_KEY", "", str, "unset = open; set = /v1/* and /api/* require `Authorization: Bearer <key>`"),
+    Setting("OMLX_API_KEY", "", str,
+            "unset = loopback only; set = /v1/*, /api/*, /metrics and the websocket need it (Bearer or x-api-key)"),
+    Setting("OMLX_ALLOWED_HOSTS", "", name_list,
+            "more names the server answers to (comma-separated; `.example.com` takes subdomains; `*` turns the Host check off)"),
+    Setting("OMLX_METRICS_PUBLIC", "0", flag,
+            "1 = /metrics answers without the key or from other machines, model ids left out; 0 = it needs what /api/* needs"),
+    Setting("OMLX_SHUTDOWN_GRACE", "10", parse_duration,
+            "seconds running requests may finish after SIGTERM before they are ended with an error"),
+    Setting("OMLX_HEADER_TIMEOUT", "30", parse_duration,
+            "seconds a client has to send a request's line and headers; then the connection is closed (0 = no limit)"),
+    Setting("OMLX_IDLE_TIMEOUT", "60", parse_duration,
+            "seconds a connection may stay silent while its request is read or between requests (never while answering)"),
     Setting("OMLX_MAX_MODEL_MEMORY", "auto", size_or_keyword("auto", "off"),
             "model budget: a size, `auto` or `off`"),
     Setting("OMLX_MAX_LOADED_MODELS", "0", non_negative_int, "at most this many models loaded at once; 0 = no cap"),
@@ -123,6 +147,8 @@ SETTINGS: list[Setting] = [
     Setting("OMLX_SOFT_FRACTION", "0.90", fraction, "soft pressure line as a fraction of the ceiling"),
     Setting("OMLX_HARD_FRACTION", "0.95", fraction, "hard pressure line as a fraction of the ceiling"),
     Setting("OMLX_ADMISSION_WAIT", "30", parse_duration, "seconds a new request may wait while admission is paused"),
+    Setting("OMLX_LOAD_WAIT", "30", parse_duration,
+            "seconds a load may wait for busy or loading models to become evictable before a 503"),
     Setting("OMLX_ADMISSION_QUEUE", "32", non_negative_int, "requests that may wait while admission is paused"),
     Setting("OMLX_MAX_CONCURRENT", "16", non_negative_int,
             "requests that generate on one model at once; more wait in its queue; 0 = no limit"),
@@ -133,6 +159,10 @@ SETTINGS: list[Setting] = [
     Setting("OMLX_SWITCH_INTERVAL", "0.0005", float,
             "seconds a Python thread may hold the GIL while another waits (sys.setswitchinterval)"),
     Setting("OMLX_TELEMETRY_DAYS", "7", float, "days of enforcer telemetry kept"),
+    Setting("OMLX_DB_BUSY_TIMEOUT", "5", parse_duration,
+            "seconds a settings write waits for another process's database lock before a 503 `database_busy` (Retry-After)"),
+    Setting("OMLX_STORAGE_SETTLE", "15", parse_duration,
+            "seconds writes under the data folder must work without a failure before a storage fault is reported recovered"),
     Setting("OMLX_PROMPT_CACHE_BYTES", "auto", size_or_keyword("auto", "off"),
             "each loaded model's prefix (prompt) cache cap: a size, `auto` = a tenth of the model budget, or `off`"),
     Setting("OMLX_PROMPT_CACHE_ENTRIES", "10", non_negative_int, "at most this many prompt cache entries per model"),

@@ -3,6 +3,7 @@
 Layouts: flat `dir/<name>/`, organised `dir/<org>/<name>/` (id `<name>`), and the Hugging Face
 cache `dir/models--Org--Name/snapshots/<rev>/`, resolved through `refs/main` (id `Org/Name`).
 Adapter folders (adapter_config.json) are skipped. The first folder found for an id wins.
+Each folder is a chat model or an embedding model (`model_kind`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+CHAT, EMBEDDINGS = "chat", "embeddings"    # what a model serves: /v1/chat/completions & co, or /v1/embeddings
+
 
 @dataclass(frozen=True)
 class ModelFolder:
@@ -23,6 +26,29 @@ class ModelFolder:
     path: Path
     size_bytes: int
     dense_bytes: int | None = None   # float32 size once dequantized; None when not quantized
+    kind: str = CHAT                 # or EMBEDDINGS (model_kind)
+
+
+# Encoder-only architectures: they make vectors, never text.
+ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "modernbert", "nomic_bert"})
+
+
+def model_kind(config: dict, *, sentence_transformers: bool) -> str:
+    """What a folder serves: a sentence-transformers folder (modules.json) or an encoder-only
+    architecture serves embeddings; anything else chat. (Which encoders load is the engine's
+    business: pool.engines.embedding_model says so at load time.)"""
+    if sentence_transformers or config.get("model_type") in ENCODER_TYPES:
+        return EMBEDDINGS
+    return CHAT
+
+
+def folder_kind(path: Path) -> str:
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    return model_kind(config if isinstance(config, dict) else {},
+                      sentence_transformers=(path / "modules.json").is_file())
 
 
 def is_model_folder(path: Path) -> bool:
@@ -114,5 +140,5 @@ def discover(dirs: list[Path]) -> dict[str, ModelFolder]:
             if model_id in found:
                 log.warning("model id %r found twice; keeping %s, ignoring %s", model_id, found[model_id].path, path)
                 continue
-            found[model_id] = ModelFolder(model_id, path, weights_size(path), dense_size(path))
+            found[model_id] = ModelFolder(model_id, path, weights_size(path), dense_size(path), folder_kind(path))
     return found

@@ -87,3 +87,14 @@ class EngineFailure(PoolError):
 class ServerNotReady(ServiceUnavailable):
     """The runtime could not start (its database, say); every route says so until it can."""
     code = "server_not_ready"
+
+
+class DatabaseBusy(ServiceUnavailable):
+    """Another process held the database's write lock past OMLX_DB_BUSY_TIMEOUT; nothing was changed."""
+    code = "database_busy"
+
+
+class StorageUnavailable(PoolError):
+    """A change the client asked for cannot be stored: the data folder is full or read-only. Nothing
+    was changed (code `storage_full` or `storage_read_only`)."""
+    status, type, code = 507, "server_error", "insufficient_storage"

@@ -6,6 +6,7 @@ other rows or the model folders; pool.services.write_model_settings runs both fo
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.utils import timezone
 
 from .policy import kv
 from .policy.vocabulary import ActionKind, Reason
@@ -108,7 +109,9 @@ class EvictionEvent(models.Model):
     duration_ms = models.FloatField(default=0)
     detail = models.CharField(max_length=500, blank=True, default="")
     warning = models.BooleanField(default=False, help_text="Less than 90% of the measured size was released.")
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # when it happened, set by the event log: a row written late (the database was locked or full)
+    # keeps its own time
+    created_at = models.DateTimeField(default=timezone.now, editable=False, db_index=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -31,6 +31,7 @@ WAKES_ENFORCER = frozenset({Change.REQUEST_START, Change.REQUEST_END, Change.LOA
 
 class Runtime:
     def __init__(self):
+        from . import storage
         from .broadcast import Broadcaster
         from .enforcer import ProcessMemoryEnforcer
         from .metrics import Metrics
@@ -49,6 +50,9 @@ class Runtime:
                                    retention_days=self.settings.telemetry_days)
         self.enforcer = ProcessMemoryEnforcer(self.pool, self.probe, self.admission, telemetry=self.telemetry)
         self.broadcaster = Broadcaster(self)
+        # this runtime's record (tests build several in one process)
+        storage.health.reset(settle_seconds=self.settings.storage_settle)
+        self.metrics.registry.register(storage.StorageCollector(storage.health))
         self.events.subscribe(self.metrics.on_pool_change)
         self.events.subscribe(self._on_pool_change)
         self.started = False
@@ -86,6 +90,7 @@ class Runtime:
     async def _start(self) -> None:
         from .services import load_all_settings, recent_events
 
+        self.events.watch_storage()     # data folder faults and recoveries become events
         self.pool.rediscover()
         await load_all_settings(self.pool)
         self.events.remember(list(reversed(await recent_events(limit=50))))
@@ -95,11 +100,19 @@ class Runtime:
         log.info("pool ready: %d models in %s", len(self.pool.entries),
                  ", ".join(str(d) for d in self.settings.model_dirs))
 
+    def end_requests(self, message: str, code: str) -> None:
+        """Shutdown's grace is over: every running request ends with this error (an SSE error
+        chunk, or a 503 envelope); the models stay loaded until stop()."""
+        for entry in self.pool.entries.values():
+            if entry.engine is not None:
+                entry.engine.abort_all(message, code)
+
     async def stop(self) -> None:
         log.info("stopping: ending engine threads")
         await self.enforcer.stop()
         self.telemetry.close()
         await self.pool.shutdown()
+        await self.events.close()       # history rows the database could not take yet: a last try
         self.broadcaster.close()
 
 

@@ -3,18 +3,32 @@ of them change the pool and the database the same way.
 
 Model settings have one write path: `write_model_settings` (the database; validated with the
 model's field rules and `clean()`), and `update_model_settings` for a running pool (the same write,
-then applied at once)."""
+then applied at once).
+
+A settings write the database cannot store (locked by another process past OMLX_DB_BUSY_TIMEOUT,
+the disk full, the folder read-only) is the client's error (pool/storage.py's `client_error`: 503
+with Retry-After, or 507) and is not applied to the running pool either: the database is what a
+restart reads, so a change applied only in memory would vanish then, and a client told to retry
+must find nothing half done. History rows are the server's own writes: `record_event` waits only
+HISTORY_BUSY_SECONDS for a lock, and the event log keeps what it could not write (pool/events.py)."""
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 
+from . import storage
 from .errors import BadRequest
 from .models import EvictionEvent, ModelSettings
+
+# A history write waits this long for another process's lock, then the row is kept for later:
+# an unload or an enforcer action must not wait OMLX_DB_BUSY_TIMEOUT for its record.
+HISTORY_BUSY_SECONDS = 0.2
 
 SETTINGS_FIELDS = {
     "is_pinned": bool, "ttl_seconds": int, "temperature": float, "top_p": float, "max_tokens": int,
@@ -74,10 +88,47 @@ def invalid_settings(error: ValidationError) -> BadRequest:
     return BadRequest(f"'{field}' {text}", param=field)
 
 
+def busy_seconds() -> float:
+    """The configured busy timeout (settings.py passes OMLX_DB_BUSY_TIMEOUT to sqlite3.connect)."""
+    return float(connection.settings_dict["OPTIONS"].get("timeout", 5))
+
+
+@contextmanager
+def storing(what: str) -> Iterator[None]:
+    """A client's database write: a storage fault is reported and becomes the client's error."""
+    try:
+        yield
+    except DatabaseError as e:
+        fault = _fault(e)
+        if fault is None:
+            raise
+        _reopen_later()
+        storage.health.failed(storage.Component.DATABASE, fault, f"{what}: {e}")
+        raise storage.client_error(fault, retry_after=busy_seconds()) from None
+    storage.health.succeeded(storage.Component.DATABASE)
+
+
+@contextmanager
+def busy_timeout(seconds: float) -> Iterator[None]:
+    """This thread's connection waits at most `seconds` for a lock inside the block."""
+    connection.ensure_connection()
+    with connection.cursor() as cursor:
+        cursor.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
+    try:
+        yield
+    finally:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(f"PRAGMA busy_timeout = {int(busy_seconds() * 1000)}")
+        except DatabaseError:
+            connection.close()   # the next use opens a fresh one, with the configured timeout
+
+
 def write_model_settings(*, model_id: str, changes: dict[str, Any]) -> dict[str, Any]:
     """Apply a partial change to the model's row (created if missing) after the model's own
-    validation; a ValidationError becomes a BadRequest naming the field. Returns the settings."""
-    with transaction.atomic():
+    validation; a ValidationError becomes a BadRequest naming the field, a storage fault a 503/507
+    (pool/storage.py). Returns the settings."""
+    with storing(f"a settings write for {model_id}"), transaction.atomic():
         row = ModelSettings.objects.filter(model_id=model_id).first() or ModelSettings(model_id=model_id)
         for name, value in changes.items():
             setattr(row, name, value)
@@ -108,8 +159,37 @@ async def load_all_settings(pool) -> None:
         pool.apply_settings(row.model_id, settings_dict(row, row.model_id))
 
 
+def _fault(error: DatabaseError) -> storage.Fault | None:
+    """The storage fault behind a database error, kept on it for the event log to read. SQLite says
+    "disk I/O error" as often as "full" on a full disk: the data folder is asked then."""
+    fault = storage.classify(error)
+    if fault == storage.Fault.IO:
+        fault = storage.fault_of(error, Path(connection.settings_dict["NAME"]).parent)
+    if fault is not None:
+        error.storage_fault = fault
+    return fault
+
+
+def _reopen_later() -> None:
+    """After a storage fault, this thread's next query opens a fresh connection: SQLite opens a
+    file it may not write read-only, and such a connection would stay so after the folder heals."""
+    if not connection.in_atomic_block:
+        connection.close()
+
+
+def store_event(**fields) -> EvictionEvent:
+    try:
+        with busy_timeout(HISTORY_BUSY_SECONDS):
+            return EvictionEvent.objects.create(**fields)
+    except DatabaseError as e:
+        if _fault(e) is not None:
+            _reopen_later()
+        raise
+
+
 async def record_event(**fields) -> EvictionEvent:
-    return await EvictionEvent.objects.acreate(**fields)
+    """The event log's recorder: raises on a storage fault, and the log keeps the row for later."""
+    return await sync_to_async(store_event)(**fields)
 
 
 async def recent_events(*, model: str | None = None, reason: str | None = None, limit: int = 50) -> list[dict]:

@@ -2,8 +2,10 @@
 
 `open_completion` admits the request (the gate memory pressure closes), takes a lease on its model
 (loading it, evicting others, if needed), waits for one of the model's concurrency slots
-(pool/concurrency.py), encodes the prompt on a worker thread, applies the prefill guard and starts
-generation. The `Completion` it returns yields the engine's chunks with
+(pool/concurrency.py), renders a chat's tools and tool history (pool.tools) and encodes the prompt
+on a worker thread, applies the prefill guard and starts generation. A forced tool call
+(tool_choice "required" or a named function) is a tool-call constraint. `count_tokens` renders
+and encodes the same prompt without a slot or generation. The `Completion` it returns yields the engine's chunks with
 engine errors mapped to the pool's domain errors, and `aclose()` releases everything. Routes parse
 and frame; they never see an engine."""
 
@@ -12,14 +14,19 @@ from __future__ import annotations
 import asyncio
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from .admission import Admission
+from .discovery import CHAT
 from .engine_pool import EnginePool
+# the constraints a request can carry, for the routes (which never import an engine module)
+from .engines.constraints import UnsupportedSchema, json_object, json_schema, tool_calls  # noqa: F401
+from .engines.constraints import prepare as prepare_grammar
 from .engines.types import Chunk, EngineError, EngineLike, RequestAborted, SamplingParams
 from .errors import BadRequest, EngineFailure, ModelQueueFull, ServiceUnavailable
 from .policy.kv import KVConfig, KVFieldError, kv_config
 from .policy.vocabulary import Rejection
+from .tools import ToolFormat, ToolRequest, prepare_messages, request_format, tool_format
 
 DEFAULT_MAX_TOKENS = 512
 
@@ -38,6 +45,16 @@ class CompletionSpec:
     keep_alive: float | None = None
     cache_prompt: bool = True
     kv: dict = field(default_factory=dict)     # max_kv_size, kv_bits, ...: the request's own, if given
+    n: int = 1                                 # choices from the one prompt
+    logprobs: int | None = None                # None: off; k: each token's logprob and the top k
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float | None = None
+    constraint: Any = None                     # has make_processor(tokenizer): constrained decoding
+    tools: tuple[dict, ...] = ()               # OpenAI function tools, for the chat template
+    tool_choice: Any = None
+    parallel_tool_calls: bool = True
 
     @property
     def prompt_param(self) -> str:
@@ -48,9 +65,15 @@ class Completion:
     """One admitted, leased, encoded request. Iterate `chunks()` once; always `aclose()`."""
 
     def __init__(self, model_id: str, engine: EngineLike, tokens: list[int], params: SamplingParams,
-                 stack: AsyncExitStack):
+                 stack: AsyncExitStack, *, tool_format: ToolFormat | None = None,
+                 tool_request: ToolRequest | None = None):
         self.model_id = model_id
         self.prompt_tokens = len(tokens)
+        self.n = params.n
+        # how this request's tool calls look (pool.tools): set when the answer is to be parsed for
+        # calls (tools given, tool_choice not "none"); None otherwise
+        self.tool_format = tool_format
+        self.tool_request = tool_request
         self._engine, self._tokens, self._params, self._stack = engine, tokens, params, stack
 
     async def chunks(self) -> AsyncIterator[Chunk]:
@@ -79,6 +102,9 @@ class Serving:
 
     async def open_completion(self, spec: CompletionSpec) -> Completion:
         entry = self.pool.resolve(spec.model)
+        self.pool.require_kind(entry, CHAT)      # an embedding model: a 400 at once, before any wait
+        tool_request = _tool_request(spec)
+        constraint = _forced_call(tool_request) or spec.constraint   # a forced call outranks response_format
         self._refuse_if_queue_full(entry.id)     # at once: before any admission wait, lease or load
         await self.admission.admit()
         stack = AsyncExitStack()
@@ -95,13 +121,33 @@ class Serving:
                 raise ServiceUnavailable(f"The model '{entry.id}' was unloaded while the request waited "
                                          "for a slot; retry.", code="model_unloaded")
             kv = _kv(spec, entry.settings, engine.model_info)
-            tokens = await _encode(engine, spec)
-            self.admission.check_prefill(entry.id, engine.model_info, len(tokens), self.pool.views(),
+            _check_logit_bias(spec, getattr(engine, "vocab_size", None))
+            fmt, tokens = await _prompt(engine, spec, tool_request)
+            if constraint is not None and getattr(engine, "tokenizer", None) is not None:
+                # the tokenizer's grammar tables (about 1 s, once per model) are built here rather
+                # than on the engine thread, where they would stall the model's running streams
+                await asyncio.to_thread(prepare_grammar, engine.tokenizer)
+            # each choice holds its own copy of the prompt's KV
+            self.admission.check_prefill(entry.id, engine.model_info, len(tokens) * spec.n, self.pool.views(),
                                          param=spec.prompt_param, kv=kv)
-            return Completion(entry.id, engine, tokens, _sampling(spec, entry.settings, kv), stack)
+            shown = tool_request is not None and tool_request.shown
+            return Completion(entry.id, engine, tokens, _sampling(spec, entry.settings, kv, constraint), stack,
+                              tool_format=fmt if shown else None, tool_request=tool_request)
         except BaseException:
             await stack.aclose()
             raise
+
+    async def count_tokens(self, spec: CompletionSpec) -> int:
+        """The prompt's length in tokens exactly as open_completion encodes it (tools included). It
+        leases the model (loading it if needed, through admission) but takes no concurrency slot
+        and generates nothing."""
+        entry = self.pool.resolve(spec.model)
+        self.pool.require_kind(entry, CHAT)
+        tool_request = _tool_request(spec)
+        await self.admission.admit()
+        async with self.pool.lease(entry.id, keep_alive=spec.keep_alive) as engine:
+            _, tokens = await _prompt(engine, spec, tool_request)
+            return len(tokens)
 
     def _refuse_if_queue_full(self, model_id: str) -> None:
         try:
@@ -118,10 +164,54 @@ class Serving:
             raise
 
 
-async def _encode(engine: EngineLike, spec: CompletionSpec) -> list[int]:
+def _tool_request(spec: CompletionSpec) -> ToolRequest | None:
+    if spec.messages is None or not spec.tools:
+        return None
+    return ToolRequest(tuple(spec.tools), spec.tool_choice or "auto", spec.parallel_tool_calls)
+
+
+def _forced_call(tool_request: ToolRequest | None) -> Any:
+    """The constraint of tool_choice "required" or a named function: the answer is a call in the
+    fallback format (request_format prompts and parses such a request in that format)."""
+    if tool_request is None or not tool_request.forces_call:
+        return None
     try:
-        if spec.messages is not None:
-            return await asyncio.to_thread(engine.encode_chat, spec.messages)
+        return tool_calls(list(tool_request.tools), tool_request.forced_name, tool_request.parallel_tool_calls)
+    except UnsupportedSchema as e:
+        raise BadRequest(f"'tools': a function's parameters cannot be enforced for a forced call: {e.feature}",
+                         param="tools") from None
+    except ValueError as e:   # a named function that is not among the tools
+        raise BadRequest(f"'tool_choice': {e}", param="tool_choice") from None
+
+
+def _uses_tools(messages: list[dict], tool_request: ToolRequest | None) -> bool:
+    return tool_request is not None or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)
+
+
+def _chat_prompt(engine: EngineLike, messages: list[dict], tool_request: ToolRequest | None):
+    """On a worker thread (a tokenizer's first tool_format renders its template twice): the request's
+    tool format, and the messages and `tools=` its chat template gets."""
+    fmt = request_format(tool_format(getattr(engine, "tokenizer", None)), tool_request)
+    return (fmt, *prepare_messages(messages, tool_request, fmt))
+
+
+async def _prompt(engine: EngineLike, spec: CompletionSpec,
+                  tool_request: ToolRequest | None) -> tuple[ToolFormat | None, list[int]]:
+    """(the request's tool format or None, its prompt tokens). A chat with tools or tool history is
+    rendered through pool.tools first; its BadRequest keeps the field it names."""
+    fmt, messages, template_tools = None, spec.messages, None
+    if spec.messages is not None and _uses_tools(spec.messages, tool_request):
+        fmt, messages, template_tools = await asyncio.to_thread(_chat_prompt, engine, spec.messages, tool_request)
+    return fmt, await _encode(engine, spec, messages, template_tools)
+
+
+async def _encode(engine: EngineLike, spec: CompletionSpec, messages: list[dict] | None,
+                  template_tools: list[dict] | None) -> list[int]:
+    try:
+        if messages is not None and template_tools:
+            return await asyncio.to_thread(engine.encode_chat, messages, template_tools)
+        if messages is not None:
+            return await asyncio.to_thread(engine.encode_chat, messages)
         return await asyncio.to_thread(engine.encode_text, spec.prompt)
     except Exception as e:  # noqa: BLE001 - input the tokenizer rejects is the client's to fix
         what = "chat template rejected the messages" if spec.messages is not None else "tokenizer rejected the prompt"
@@ -137,7 +227,16 @@ def _kv(spec: CompletionSpec, defaults: dict, model_info: dict) -> KVConfig:
         raise BadRequest(f"{e}{where}", param=e.field) from None
 
 
-def _sampling(spec: CompletionSpec, defaults: dict, kv: KVConfig) -> SamplingParams:
+def _check_logit_bias(spec: CompletionSpec, vocab_size: int | None) -> None:
+    if vocab_size is None:
+        return
+    outside = [token for token, _ in spec.logit_bias if token >= vocab_size]
+    if outside:
+        raise BadRequest(f"'logit_bias' names token {outside[0]}, outside this model's vocabulary "
+                         f"(0 to {vocab_size - 1})", param="logit_bias")
+
+
+def _sampling(spec: CompletionSpec, defaults: dict, kv: KVConfig, constraint: Any = None) -> SamplingParams:
     def pick(value, name, fallback):
         if value is not None:
             return value
@@ -145,4 +244,7 @@ def _sampling(spec: CompletionSpec, defaults: dict, kv: KVConfig) -> SamplingPar
     return SamplingParams(max_tokens=int(pick(spec.max_tokens, "max_tokens", DEFAULT_MAX_TOKENS)),
                           temperature=float(pick(spec.temperature, "temperature", 0.0)),
                           top_p=float(pick(spec.top_p, "top_p", 1.0)), stop=spec.stop, seed=spec.seed,
-                          cache_prompt=spec.cache_prompt, kv=kv)
+                          cache_prompt=spec.cache_prompt, kv=kv, n=spec.n, logit_bias=spec.logit_bias,
+                          presence_penalty=spec.presence_penalty, frequency_penalty=spec.frequency_penalty,
+                          repetition_penalty=spec.repetition_penalty, logprobs=spec.logprobs,
+                          constraint=constraint)

@@ -22,6 +22,7 @@ def model_row(entry, view: ModelView, rank: int | None, now: float, cache: Cache
     return {
         "id": entry.id,
         "alias": entry.alias,
+        "kind": entry.kind,       # "chat" | "embeddings": which routes serve it
         "display_name": entry.settings.get("display_name") or "",
         "hidden": entry.hidden,
         "state": entry.state,

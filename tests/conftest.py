@@ -215,7 +215,8 @@ def start_server(tmp_path, migrated_db, demo_model_dir):
             (home / "models" / name).symlink_to(folder, target_is_directory=True)
         base = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_")}
         full_env = {**base, "OMLX_HOME": str(home), "OMLX_MODEL_DIRS": str(home / "models"),
-                    "PYTHONUNBUFFERED": "1", **{k: str(v) for k, v in env.items()}}
+                    "PYTHONUNBUFFERED": "1", "OMLX_SHUTDOWN_GRACE": "2",   # a stop never waits out 10 s
+                    **{k: str(v) for k, v in env.items()}}
         server = Server(home, free_port(), full_env)
         servers.append(server)
         return server.start()

@@ -1,21 +1,64 @@
-"""Who may call what: /v1/* needs the Bearer key when OMLX_API_KEY is set; /api/* and the admin JSON
-routes take the Bearer key or a staff session."""
+"""Who may call what, and which browser requests must pass Django's CSRF check.
+
+- /v1/* needs the API key when OMLX_API_KEY is set; without one it is open (the server then
+  listens on loopback unless `serve --allow-remote-without-key` said otherwise).
+- /api/* and the admin JSON routes take the key or a staff session; without a key, loopback
+  clients (or a staff session).
+- /metrics follows /api/*; with OMLX_METRICS_PUBLIC=1 anyone gets it, without model ids.
+- A state-changing request from a browser (a session cookie or an Origin header) that does not
+  carry the key passes Django's CSRF rule: Origin against the allowed hosts, and the CSRF token.
+
+The key comes as `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>`
+(Anthropic's), compared in constant time; never from the query string or Basic auth."""
 
 from __future__ import annotations
 
-import hmac
+from django.conf import settings
 
+from ..api_key import given_keys, key_valid  # noqa: F401 - given_keys: part of this module's interface
 from ..conf import get_settings
-from ..errors import Unauthorized
+from ..errors import Forbidden, Unauthorized
+from ..network import is_loopback
+
+HOW = "send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS", "TRACE")
+FULL, AGGREGATE = "full", "aggregate"
 
 
-def bearer_ok(request) -> bool:
-    key = get_settings().api_key
-    if not key:
-        return True
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+# ---- the rules, over plain values -------------------------------------------------------------
+
+def api_allowed(*, key_set: bool, key_valid: bool, staff: bool, peer_loopback: bool) -> bool:
+    """/api/* and the admin JSON routes."""
+    return staff or (key_valid if key_set else peer_loopback)
+
+
+def metrics_view(*, key_set: bool, key_valid: bool, staff: bool, peer_loopback: bool,
+                 public: bool) -> str | None:
+    """What /metrics shows: FULL, AGGREGATE (no model ids) or None (refused)."""
+    if api_allowed(key_set=key_set, key_valid=key_valid, staff=staff, peer_loopback=peer_loopback):
+        return FULL
+    return AGGREGATE if public else None
+
+
+def needs_csrf_check(method: str, *, key_valid: bool, browser: bool) -> bool:
+    """A browser's state-changing request rides on ambient credentials (its cookies, its place on
+    the loopback network); a request with the key does not."""
+    return method.upper() not in SAFE_METHODS and not key_valid and browser
+
+
+# ---- the request's facts ----------------------------------------------------------------------
+
+def key_ok(request) -> bool:
+    """No key is set, or the request carries it."""
+    return not get_settings().api_key or key_valid(request.headers)
+
+
+def peer_is_loopback(request) -> bool:
+    return is_loopback(request.META.get("REMOTE_ADDR"))
+
+
+def is_browser(request) -> bool:
+    return settings.SESSION_COOKIE_NAME in request.COOKIES or "origin" in request.headers
 
 
 async def staff_session_ok(request) -> bool:
@@ -23,11 +66,39 @@ async def staff_session_ok(request) -> bool:
     return bool(user.is_authenticated and user.is_staff)
 
 
+async def _facts(request) -> dict:
+    return {"key_set": bool(get_settings().api_key), "key_valid": key_valid(request.headers),
+            "staff": await staff_session_ok(request), "peer_loopback": peer_is_loopback(request)}
+
+
+def _refusal(key_set: bool) -> Exception:
+    if key_set:
+        return Unauthorized(f"Missing or wrong API key: {HOW}, or log in as staff.")
+    return Forbidden("This server has no API key (OMLX_API_KEY), so this route answers loopback clients "
+                     "only, or a staff login.")
+
+
+# ---- what the routes wear ---------------------------------------------------------------------
+
 async def require_key(request) -> None:
-    if not bearer_ok(request):
-        raise Unauthorized("Missing or wrong API key: send 'Authorization: Bearer <key>'.")
+    if not key_ok(request):
+        raise Unauthorized(f"Missing or wrong API key: {HOW}.")
 
 
 async def require_key_or_staff(request) -> None:
-    if get_settings().api_key and not bearer_ok(request) and not await staff_session_ok(request):
-        raise Unauthorized("Send 'Authorization: Bearer <key>' or log in as staff.")
+    facts = await _facts(request)
+    if not api_allowed(**facts):
+        raise _refusal(facts["key_set"])
+
+
+async def metrics_access(request) -> str:
+    """FULL or AGGREGATE for this request; raises when /metrics is closed to it."""
+    facts = await _facts(request)
+    view = metrics_view(**facts, public=get_settings().metrics_public)
+    if view is None:
+        raise _refusal(facts["key_set"])
+    return view
+
+
+async def require_metrics_access(request) -> None:
+    request.metrics_view = await metrics_access(request)

@@ -1,21 +1,50 @@
-"""Django's 404/500 handlers: OpenAI's envelope for the API paths, plain pages elsewhere."""
+"""Django's 400/404/500 handlers and its CSRF failure view: the API's envelope (Anthropic's under
+/v1/messages, OpenAI's on the other API paths), Django's plain pages elsewhere."""
 
+from django.core.exceptions import DisallowedHost
 from django.http import HttpResponseNotFound, HttpResponseServerError
+from django.views import csrf, defaults
 
-from ..errors import NotFound, PoolError
-from .errors import error_response
+from ..errors import BadRequest, Forbidden, NotFound, PoolError
+from .errors import INTERNAL, error_response, style_for_path
 
 API_PREFIXES = ("/v1/", "/api/", "/health", "/metrics", "/admin/model/")
 
 
+def is_api(request) -> bool:
+    return request.path.startswith(API_PREFIXES)
+
+
+def bad_request(request, exception=None):
+    """A request Django refused before any view: a Host it does not answer to (DNS rebinding), or a
+    body it could not parse."""
+    if not is_api(request):
+        return defaults.bad_request(request, exception)
+    if isinstance(exception, DisallowedHost):
+        error = BadRequest("The Host header names a host this server does not answer to; add the name "
+                           "to OMLX_ALLOWED_HOSTS if it is yours.", code="disallowed_host")
+    else:
+        error = BadRequest("The request could not be read.")
+    return error_response(error, style_for_path(request.path))
+
+
+def csrf_failure(request, reason=""):
+    """A cookie-authenticated change from a page of another origin, or without the CSRF token."""
+    if not is_api(request):
+        return csrf.csrf_failure(request, reason)
+    error = Forbidden(f"Cross-site request refused: {reason.rstrip('.')}. Browsers: send the page's CSRF token in "
+                      "X-CSRFToken; scripts: send the API key instead of a session cookie.", code="csrf_failed")
+    return error_response(error, style_for_path(request.path))
+
+
 def not_found(request, exception=None):
-    if request.path.startswith(API_PREFIXES):
-        return error_response(NotFound(f"No route for {request.method} {request.path}."))
+    if is_api(request):
+        return error_response(NotFound(f"No route for {request.method} {request.path}."),
+                              style_for_path(request.path))
     return HttpResponseNotFound("<h1>Not found</h1>")
 
 
 def server_error(request):
-    if request.path.startswith(API_PREFIXES):
-        return error_response(PoolError("The server failed while handling the request; see its log.",
-                                        code="internal_error"))
+    if is_api(request):
+        return error_response(PoolError(INTERNAL, code="internal_error"), style_for_path(request.path))
     return HttpResponseServerError("<h1>Server error</h1>")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -12,8 +14,15 @@ from ..errors import BadRequest
 from ..policy import kv
 from ..serving import CompletionSpec
 from ..strict_json import loads_strict
+from ..tools import FALLBACK, parse_tool_request, prepare_messages
+from .structured import parse_response_format
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
+MAX_CHOICES = 8              # `n`: each choice holds its own copy of the prompt's KV
+MAX_TOP_LOGPROBS = 20        # chat's `top_logprobs` (OpenAI's limit)
+MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' `logprobs` (OpenAI's limit)
+MAX_LOGIT_BIAS = 300         # entries in `logit_bias` (OpenAI's limit)
+_TOKEN_ID = re.compile(r"[0-9]{1,9}")
 
 
 @dataclass(frozen=True)
@@ -42,8 +51,8 @@ def _number(body, name, lo, hi, *, lo_open=False):
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadRequest(f"'{name}' must be a number", param=name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise BadRequest(f"'{name}' must be a finite number", param=name)
     if value < lo or value > hi or (lo_open and value == lo):
         raise BadRequest(f"'{name}' must be {'>' if lo_open else '>='} {lo} and <= {hi}; got {value}", param=name)
     return float(value)
@@ -108,8 +117,36 @@ def _messages(body) -> list[dict]:
         if role not in ROLES:
             raise BadRequest(f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}",
                              param=f"messages[{i}].role")
-        clean.append({"role": "system" if role == "developer" else role, "content": _content(m, i)})
+        message = {"role": "system" if role == "developer" else role, "content": _content(m, i)}
+        if role == "assistant" and m.get("tool_calls") is not None:
+            message["tool_calls"] = _history_tool_calls(m["tool_calls"], f"messages[{i}].tool_calls")
+        if role == "tool" and m.get("tool_call_id") is not None:
+            if not isinstance(m["tool_call_id"], str):
+                raise BadRequest(f"messages[{i}].tool_call_id must be a string", param=f"messages[{i}].tool_call_id")
+            message["tool_call_id"] = m["tool_call_id"]
+        clean.append(message)
     return clean
+
+
+def _chat_messages(body) -> list[dict]:
+    messages = _messages(body)
+    if any("tool_calls" in m or m["role"] == "tool" for m in messages):
+        prepare_messages(messages, None, FALLBACK)   # tool history it cannot render: a 400 before any load
+    return messages
+
+
+def _history_tool_calls(calls, where: str) -> list[dict]:
+    """An assistant turn's earlier calls, in OpenAI's shape: [{"id", "type": "function",
+    "function": {"name", "arguments": a JSON string}}]."""
+    if not isinstance(calls, list):
+        raise BadRequest(f"{where} must be a list", param=where)
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) \
+                or not isinstance(function.get("arguments", ""), str) or not isinstance(call.get("id", ""), str):
+            raise BadRequest(f"{where}[{j}] must be {{\"id\", \"type\": \"function\", \"function\": "
+                             f"{{\"name\", \"arguments\"}}}} with string values", param=f"{where}[{j}]")
+    return calls
 
 
 def _prompt(body) -> str:
@@ -119,6 +156,23 @@ def _prompt(body) -> str:
     if not isinstance(prompt, str) or not prompt:
         raise BadRequest("'prompt' must be a non-empty string", param="prompt")
     return prompt
+
+
+def _positive(body, name: str) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise BadRequest(f"'{name}' must be a finite number > 0", param=name)
+    return float(value)
+
+
+def _chat_tools(body) -> dict:
+    """`tools`, `tool_choice`, `parallel_tool_calls` (checked by pool.tools) and `response_format`."""
+    tools = parse_tool_request(body)
+    fields = {"tools": tools.tools, "tool_choice": tools.tool_choice,
+              "parallel_tool_calls": tools.parallel_tool_calls} if tools is not None else {}
+    return {**fields, "constraint": _response_format(body)}
 
 
 def _keep_alive(body) -> float | None:
@@ -143,13 +197,48 @@ def _kv_fields(body) -> dict:
     return given
 
 
+def _logprobs(body, *, chat: bool) -> int | None:
+    """How many top tokens each token's logprobs carry, or None when the request asked for none.
+    Chat: `logprobs` true/false and `top_logprobs` 0..20; completions: `logprobs` 0..5."""
+    if not chat:
+        return _int(body, "logprobs", minimum=0, maximum=MAX_COMPLETION_LOGPROBS)
+    wanted = body.get("logprobs") is not None and _flag(body, "logprobs", default=False)
+    top = _int(body, "top_logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS)
+    if top is not None and not wanted:
+        raise BadRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _logit_bias(body) -> tuple[tuple[int, float], ...]:
+    """{"token id": bias -100..100} -> ((id, bias), ...), by token id."""
+    value = body.get("logit_bias")
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS:
+        raise BadRequest(f"'logit_bias' must be an object of at most {MAX_LOGIT_BIAS} token ids",
+                         param="logit_bias")
+    out = []
+    for key, bias in value.items():
+        if not _TOKEN_ID.fullmatch(key):
+            raise BadRequest(f"'logit_bias' keys must be token ids (\"1234\"); got {key!r}", param="logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise BadRequest(f"'logit_bias' values must be numbers from -100 to 100; got {bias!r} for {key}",
+                             param="logit_bias")
+        out.append((int(key), float(bias)))
+    return tuple(sorted(out))
+
+
+def _response_format(body):
+    """The constraint `response_format` asks for, or None (pool/api/structured.py)."""
+    value = body.get("response_format")
+    return parse_response_format(value) if value is not None else None
+
+
 def parse_completion(body: dict, *, chat: bool) -> CompletionRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' is required and must be a string", param="model")
-    n = body.get("n", 1)
-    if isinstance(n, bool) or n != 1:
-        raise BadRequest("only n=1 is supported", param="n")
+    n = _int(body, "n", minimum=1, maximum=MAX_CHOICES)
     stream = _flag(body, "stream", default=False)
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
@@ -159,7 +248,7 @@ def parse_completion(body: dict, *, chat: bool) -> CompletionRequest:
         max_tokens = _int(body, "max_tokens", minimum=1)
     spec = CompletionSpec(
         model=model,
-        messages=_messages(body) if chat else None,
+        messages=_chat_messages(body) if chat else None,
         prompt=None if chat else _prompt(body),
         max_tokens=max_tokens,
         temperature=_number(body, "temperature", 0, 2),
@@ -169,5 +258,12 @@ def parse_completion(body: dict, *, chat: bool) -> CompletionRequest:
         keep_alive=_keep_alive(body),
         cache_prompt=_flag(body, "cache_prompt", default=True),
         kv=_kv_fields(body),
+        n=n or 1,
+        logprobs=_logprobs(body, chat=chat),
+        logit_bias=_logit_bias(body),
+        presence_penalty=_number(body, "presence_penalty", -2, 2) or 0.0,
+        frequency_penalty=_number(body, "frequency_penalty", -2, 2) or 0.0,
+        repetition_penalty=_positive(body, "repetition_penalty"),
+        **(_chat_tools(body) if chat else {}),
     )
     return CompletionRequest(spec=spec, stream=stream, include_usage=_flag(options, "include_usage", default=False))

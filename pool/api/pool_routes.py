@@ -47,8 +47,13 @@ async def unload_model(request, model_id: str):
     force = body.get("force", False)
     if not isinstance(force, bool):
         raise BadRequest("'force' must be true or false", param="force")
-    entry = await get_runtime().pool.unload(model_id, force=force)
-    return JsonResponse({"status": "ok", "model": entry.id, "state": entry.state})
+    runtime = get_runtime()
+    entry = await runtime.pool.unload(model_id, force=force)
+    body = {"status": "ok", "model": entry.id, "state": entry.state}
+    if runtime.events.pending:    # the unload is done; its history row waits for the database
+        body["note"] = ("the history row waits in memory until the database takes writes again "
+                        "(GET /api/evictions shows it with \"stored\": false)")
+    return JsonResponse(body)
 
 
 @api_route("GET", auth=require_key_or_staff)
@@ -78,9 +83,12 @@ async def evictions(request):
         raise BadRequest("'limit' must be an integer", param="limit") from None
     if not 1 <= limit <= 1000:
         raise BadRequest("'limit' must be between 1 and 1000", param="limit")
-    events = await services.recent_events(model=request.GET.get("model") or None,
-                                          reason=request.GET.get("reason") or None, limit=limit)
-    return JsonResponse({"events": events})
+    model, reason = request.GET.get("model") or None, request.GET.get("reason") or None
+    stored = await services.recent_events(model=model, reason=reason, limit=limit)
+    # events the database could not take yet (locked, full): shown first, `"stored": false`
+    waiting = [e for e in get_runtime().events.unstored()
+               if (model is None or e["model"] == model) and (reason is None or e["reason"] == reason)]
+    return JsonResponse({"events": (waiting + stored)[:limit]})
 
 
 @api_route("POST", auth=require_key_or_staff)

@@ -1,34 +1,66 @@
-"""The decorator every JSON route wears: method check, auth, the runtime started, errors rendered."""
+"""The decorator every JSON route wears: method check, a JSON body on state-changing calls, Django's
+CSRF check on browser requests without the key, auth, the runtime started, errors rendered in the
+route's envelope (`errors=OPENAI` or `ANTHROPIC`, pool/api/errors.py)."""
 
 from __future__ import annotations
 
 import functools
 
+from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
-from ..errors import MethodNotAllowed, PoolError
+from ..errors import BadRequest, MethodNotAllowed, PoolError
 from ..runtime import ensure_started
-from .errors import error_response, internal_error
+from .auth import SAFE_METHODS, is_browser, key_valid, needs_csrf_check
+from .errors import OPENAI, error_response, internal_error
 
 
-def api_route(*methods: str, auth=None):
+def is_json(content_type: str) -> bool:
+    """`application/json` or a `+json` type; parameters (charset) are already stripped."""
+    content_type = content_type.lower()
+    return content_type == "application/json" or (content_type.startswith("application/")
+                                                   and content_type.endswith("+json"))
+
+
+def require_json_body(request) -> None:
+    """A page on another site can post a form or text/plain without asking; a JSON body needs a
+    CORS preflight this server never grants."""
+    if request.method not in SAFE_METHODS and not is_json(request.content_type or ""):
+        raise BadRequest("State-changing calls take a JSON body: send 'Content-Type: application/json' "
+                         "(the body may be {}).", code="unsupported_media_type")
+
+
+def csrf_refusal(request):
+    """Django's CSRF check for a browser's state-changing request without the key: the response it
+    refuses with (settings.CSRF_FAILURE_VIEW: the API's envelope), or None."""
+    if not needs_csrf_check(request.method, key_valid=key_valid(request.headers), browser=is_browser(request)):
+        return None
+    return CsrfViewMiddleware(lambda r: None).process_view(request, None, (), {})
+
+
+def api_route(*methods: str, auth=None, errors: str = OPENAI):
     def decorate(view):
+        # Django's middleware skips these views; csrf_refusal applies its rule where it belongs
         @csrf_exempt
         @functools.wraps(view)
         async def wrapper(request, *args, **kwargs):
             try:
                 if request.method not in methods:
                     error = MethodNotAllowed(f"{request.method} is not allowed here; use {', '.join(methods)}.")
-                    response = error_response(error)
+                    response = error_response(error, errors)
                     response["Allow"] = ", ".join(methods)
                     return response
+                require_json_body(request)
+                refusal = csrf_refusal(request)
+                if refusal is not None:
+                    return refusal
                 if auth is not None:
                     await auth(request)
                 await ensure_started()
                 return await view(request, *args, **kwargs)
             except PoolError as e:
-                return error_response(e)
+                return error_response(e, errors)
             except Exception as e:  # noqa: BLE001 - never a traceback in a body
-                return internal_error(e)
+                return internal_error(e, errors)
         return wrapper
     return decorate

@@ -1,4 +1,4 @@
-"""GET /metrics (Prometheus text, open like /health) and GET /api/telemetry (the chart's series)."""
+"""GET /metrics (Prometheus text; who sees what: pool/api/auth.py) and GET /api/telemetry (the chart's series)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,19 @@ from ..errors import BadRequest
 from ..metrics import CONTENT_TYPE
 from ..runtime import get_runtime
 from ..telemetry import MAX_POINTS
-from .auth import require_key_or_staff
+from .auth import AGGREGATE, require_key_or_staff, require_metrics_access
+from .public_metrics import without_model_ids
 from .route import api_route
 
 DEFAULT_WINDOW_SECONDS = 15 * 60
 
 
-@api_route("GET")
+@api_route("GET", auth=require_metrics_access)
 async def metrics(request):
-    return HttpResponse(get_runtime().metrics.render(), content_type=CONTENT_TYPE)
+    text = get_runtime().metrics.render()
+    if request.metrics_view == AGGREGATE:   # OMLX_METRICS_PUBLIC, a client without the key
+        text = without_model_ids(text)
+    return HttpResponse(text, content_type=CONTENT_TYPE)
 
 
 @api_route("GET", auth=require_key_or_staff)
@@ -35,8 +39,13 @@ async def telemetry(request):
         # never more than MAX_POINTS buckets: a wide window gets wider buckets, and says so
         span = (until if until is not None else now) - since
         step = max(step, math.ceil(span / MAX_POINTS))
-    points = await asyncio.to_thread(get_runtime().telemetry.query, since, step, until, limit=MAX_POINTS)
-    return JsonResponse({"points": points, "step": step})
+    telemetry = get_runtime().telemetry
+    points = await asyncio.to_thread(telemetry.query, since, step, until, limit=MAX_POINTS)
+    body = {"points": points, "step": step}
+    note = telemetry.note()
+    if note:    # the disk refuses telemetry writes: the points include those kept in memory
+        body["note"] = note
+    return JsonResponse(body)
 
 
 def _number(request, name: str, default: float | None, unit: str) -> float | None:

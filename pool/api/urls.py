@@ -1,6 +1,7 @@
 from django.urls import path
 
-from . import openai, pool_routes, telemetry_routes
+from . import embeddings
+from . import anthropic, openai, pool_routes, telemetry_routes
 
 urlpatterns = [
     path("health", pool_routes.health),
@@ -9,6 +10,9 @@ urlpatterns = [
     path("v1/models/<path:model_id>", openai.get_model),
     path("v1/chat/completions", openai.chat_completions),
     path("v1/completions", openai.completions),
+    path("v1/embeddings", embeddings.embeddings),
+    path("v1/messages", anthropic.messages),
+    path("v1/messages/count_tokens", anthropic.count_tokens),
     path("api/pool", pool_routes.pool_snapshot),
     path("api/evictions", pool_routes.evictions),
     path("api/telemetry", telemetry_routes.telemetry),

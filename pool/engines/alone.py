@@ -21,13 +21,40 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_p
 @dataclass
 class Pending:
     """A request on its way into a generator: `tokens` still to feed on top of `cache`, which
-    holds the KV of `all_tokens` (none yet: cache None, all_tokens [])."""
+    holds the KV of `all_tokens` (none yet: cache None, all_tokens []). Its logits processors go
+    with it: they see the same token list on either side."""
     uid: int
     tokens: list[int]
     cache: list[Any] | None
     all_tokens: list[int]
     max_tokens: int
     sampler: Callable
+    processors: tuple = ()
+
+
+def read_prompt_chunk(model, cache: list[Any], tokens: list[int]) -> None:
+    """Feed prompt tokens into `cache` without asking for logits (one engine step's worth)."""
+    with mx.stream(generation_stream):
+        model(mx.array(tokens)[None], cache=cache)
+        mx.eval([c.state for c in cache])
+
+
+def with_history(processors, history: list[int]) -> list:
+    """mlx-lm's BatchGenerator hands a request's processors every token in its KV cache; its
+    generate_step only the tokens it was given. Prefixing those with the ones already in the cache
+    shows the processors the same list on both paths (a constraint's state depends on it)."""
+    if not processors:
+        return []
+    if not history:
+        return list(processors)
+    prefix = mx.array(history, dtype=mx.int32)
+
+    def processor(tokens, logits):
+        seen = mx.concatenate([prefix, tokens.astype(mx.int32)])
+        for p in processors:
+            logits = p(seen, logits)
+        return logits
+    return [processor]
 
 
 def can_run_alone(model) -> bool:
@@ -42,31 +69,32 @@ class Alone:
     def __init__(self, model, pending: Pending, stop: set[int]):
         self.model, self.stop = model, stop
         self.uid, self.sampler, self.max_tokens = pending.uid, pending.sampler, pending.max_tokens
+        self.processors = pending.processors
         self.cache = pending.cache if pending.cache is not None else make_prompt_cache(model)
         self.fed = list(pending.all_tokens)     # tokens whose KV is in the cache, before generation
         self.pending = list(pending.tokens)     # prompt tokens not yet read
         self.generated: list[int] = []
         self._steps = None
 
-    def step(self, prefill_step: int) -> tuple[int, str | None] | None:
-        """Read one chunk of prompt (returns None) or decode one token: (token, finish_reason)."""
+    def step(self, prefill_step: int) -> tuple[int, Any, str | None] | None:
+        """Read one chunk of prompt (returns None) or decode one token: (token, its logprobs
+        vector, finish_reason)."""
         if self._steps is None and len(self.pending) > 1:
             n = min(prefill_step, len(self.pending) - 1)
-            with mx.stream(generation_stream):
-                self.model(mx.array(self.pending[:n])[None], cache=self.cache)
-                mx.eval([c.state for c in self.cache])
+            read_prompt_chunk(self.model, self.cache, self.pending[:n])
             self.fed += self.pending[:n]
             del self.pending[:n]
             return None
         if self._steps is None:
             self._steps = generate_step(mx.array(self.pending), self.model, max_tokens=self.max_tokens,
-                                        sampler=self.sampler, prompt_cache=self.cache)
-        token, _ = next(self._steps)
+                                        sampler=self.sampler, prompt_cache=self.cache,
+                                        logits_processors=with_history(self.processors, self.fed))
+        token, logprobs = next(self._steps)
         self.generated.append(token)
         finish = "stop" if token in self.stop else ("length" if len(self.generated) >= self.max_tokens else None)
         if finish is not None:
             self.close()
-        return token, finish
+        return token, logprobs, finish
 
     @property
     def all_tokens(self) -> list[int]:
@@ -81,12 +109,13 @@ class Alone:
     def handover(self) -> Pending:
         """Stop here and give the request to another generator, as a `Pending` it can insert."""
         if self._steps is None and not self.generated:
-            return Pending(self.uid, self.pending, self.cache, self.fed, self.max_tokens, self.sampler)
+            return Pending(self.uid, self.pending, self.cache, self.fed, self.max_tokens, self.sampler,
+                           self.processors)
         self.close()
         tokens = self.all_tokens
         self._trim_to(len(tokens) - 1)
         return Pending(self.uid, tokens[-1:], self.cache, tokens[:-1], self.max_tokens - len(self.generated),
-                       self.sampler)
+                       self.sampler, self.processors)
 
     def _trim_to(self, length: int) -> None:
         excess = self.cache[0].offset - length

@@ -6,10 +6,17 @@ prefix back instead of prefilling it again.
 Every file carries its tokens and the model's fingerprint (config and weight files' names, sizes
 and times) in its safetensors metadata: a changed model folder invalidates its entries. Files are
 written to a temporary name and renamed, so a kill during a spill never leaves a half file under a
-served name; a file that does not load (truncated, corrupt) is deleted and counted as a miss."""
+served name; a file that does not load (truncated, corrupt) is deleted and counted as a miss. At
+start, partial files and files the index does not name (a kill between the rename and the index
+write) are deleted.
+
+A spill the disk refuses (full, read-only) loses only that entry's disk copy (it stays in memory
+until pushed out): the fault and the recovery are reported once for all models (pool/storage.py: a
+log line, an event, the storage_* gauges), counted in `stats.spill_failures`, never raised."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -19,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
+
+from .. import storage
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +44,12 @@ def model_fingerprint(folder: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def _touch(path: Path) -> None:
+    """Mark a file recently used; a read-only folder only loses the LRU order."""
+    with contextlib.suppress(OSError):
+        os.utime(path)
+
+
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):
@@ -48,6 +63,7 @@ class DiskStats:
     hits: int = 0
     writes: int = 0
     errors: int = 0          # files that did not load: deleted, counted as misses
+    spill_failures: int = 0  # entries the disk refused (full, read-only): reported in pool/storage.py
 
 
 @dataclass
@@ -73,8 +89,9 @@ class DiskCache:
         self._index = {name: tokens for name, tokens in index.get("entries", {}).items()
                        if (self.folder / name).exists()}
         self._sizes = {name: self._size(name) for name in self._index}
-        for orphan in self.folder.glob(f"*{PARTIAL}"):
-            orphan.unlink(missing_ok=True)   # a spill that a kill cut short
+        for orphan in self.folder.glob(f"*{SUFFIX}"):
+            if orphan.name not in self._index:   # a spill a kill cut short, or one never indexed
+                orphan.unlink(missing_ok=True)
 
     @property
     def nbytes(self) -> int:
@@ -88,22 +105,30 @@ class DiskCache:
         stem = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:24]
         name = stem + SUFFIX
         if name in self._index:
-            os.utime(self.folder / name)     # already there: now the most recently used
+            _touch(self.folder / name)       # already there: now the most recently used
             return
         partial = self.folder / (stem + PARTIAL)
         try:
             save_prompt_cache(str(partial), cache, metadata={"tokens": json.dumps(tokens),
                                                              "fingerprint": self.fingerprint})
             os.replace(partial, self.folder / name)
-        except (OSError, RuntimeError) as e:   # a full or read-only disk: the entry is only lost
-            log.warning("could not spill a prompt cache entry to %s: %s", self.folder, e)
-            partial.unlink(missing_ok=True)
+        except (OSError, RuntimeError) as e:   # a full or read-only disk: the entry's copy is only lost
+            fault = storage.fault_of(e, self.folder)    # before the half file goes and frees its space
+            with contextlib.suppress(OSError):
+                partial.unlink(missing_ok=True)
+            self._refused(e, fault)
             return
         self._index[name] = list(tokens)
         self._sizes[name] = self._size(name)
         self.stats.writes += 1
         self._evict_over_cap()
-        self._write_index()
+        if self._write_index():
+            storage.health.succeeded(storage.Component.PROMPT_CACHE)
+
+    def _refused(self, error: BaseException, fault: storage.Fault | None = None) -> None:
+        self.stats.spill_failures += 1
+        storage.health.failed(storage.Component.PROMPT_CACHE, fault or storage.fault_of(error, self.folder),
+                              f"a spill for {self.folder.name}: {error}")
 
     def longest_prefix(self, tokens: list[int]) -> tuple[str, int] | None:
         """(file, tokens it shares with `tokens`) of the entry sharing the most, or None."""
@@ -124,7 +149,7 @@ class DiskCache:
             self.stats.errors += 1
             self._forget(name)
             return None
-        os.utime(path)
+        _touch(path)
         self.stats.hits += 1
         return tokens, cache
 
@@ -139,17 +164,23 @@ class DiskCache:
     def _forget(self, name: str, *, write: bool = True) -> None:
         self._index.pop(name, None)
         self._sizes.pop(name, None)
-        (self.folder / name).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):   # a read-only folder: forgotten all the same
+            (self.folder / name).unlink(missing_ok=True)
         if write:
             self._write_index()
 
-    def _write_index(self) -> None:
+    def _write_index(self) -> bool:
         tmp = self.folder / "index.json.tmp"
         try:
             tmp.write_text(json.dumps({"fingerprint": self.fingerprint, "entries": self._index}))
             os.replace(tmp, self.folder / "index.json")
-        except OSError as e:
-            log.warning("could not write the prompt cache index in %s: %s", self.folder, e)
+        except OSError as e:    # the files stay; a restart that finds them unnamed deletes them
+            fault = storage.fault_of(e, self.folder)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            self._refused(e, fault)
+            return False
+        return True
 
     def _size(self, name: str) -> int:
         try:

@@ -22,9 +22,11 @@ import psutil
 from mlx_lm.generate import generation_stream
 from mlx_lm.sample_utils import make_sampler
 
-from .lanes import BatchLane, SoloLane
+from .choices import SharedPrefill
+from .lanes import BatchLane, SoloLane, new_cache, prefill_chunk
 from .loading import fill_weights, model_info, open_model
 from .native import ACCOUNTING, release_memory
+from .processors import TokenText, logits_processors, token_logprob
 from .prompt_cache import PromptCache, make_prompt_cache_store
 from .requests import Outbox, Request, coalesced
 from .types import (CacheStats, Chunk, EngineError, KVConfig, LoadAborted, LoadResult, ReleaseResult,
@@ -40,6 +42,7 @@ PREFILL_STEP = 512         # prompt tokens read per step until the pool sets its
 class _Command:
     kind: str                      # "insert" | "cancel" | "call" | "abort_all" | "stop"
     request: Request | None = None
+    requests: list[Request] | None = None   # insert: one per choice
     fn: Callable[[], Any] | None = None
     future: asyncio.Future | None = None
     loop: asyncio.AbstractEventLoop | None = None
@@ -88,10 +91,13 @@ class Engine:
         self._stop_tokens: list[list[int]] = []
         self.prefill_step = PREFILL_STEP     # the enforcer lowers it under pressure (read each step)
         self._requests: dict[int, Request] = {}
+        self._prefills: list[SharedPrefill] = []       # prompts read once for several choices
+        self._token_text: TokenText | None = None       # made for the first request asking for logprobs
         self._outbox = Outbox()
         self._stats_at = 0.0
         self._stop_command: _Command | None = None
         self.abort_load = False
+        self._weight_bytes = 0
         self.model_info: dict = {}
         self.active_requests = 0
 
@@ -141,10 +147,17 @@ class Engine:
     def tokenizer(self):
         return self._tokenizer
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    @property
+    def vocab_size(self) -> int | None:
+        return len(self._tokenizer) if self._tokenizer is not None else None
+
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """The prompt of a chat; `tools` (OpenAI function tools) go to the chat template, which
+        renders them where it knows how (one without tool support ignores them)."""
         tok = self._tokenizer
         if getattr(tok, "has_chat_template", False):
-            return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+            extra = {"tools": list(tools)} if tools else {}
+            return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra))
         text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
         return list(tok.encode(text))
 
@@ -154,26 +167,34 @@ class Engine:
     # ---- generation ------------------------------------------------------------------------
 
     async def generate(self, tokens: list[int], params: SamplingParams) -> AsyncIterator[Chunk]:
-        """Yield chunks of text. Closing or cancelling the iterator removes the request from the
-        batch before the next decode step."""
+        """Yield chunks of text; with `params.n` > 1, the chunks of every choice (`Chunk.index`),
+        until each has had its last. Closing or cancelling the iterator removes the request from
+        the batch before the next decode step."""
         loop = asyncio.get_running_loop()
-        req = Request(tokens=tokens, params=params, loop=loop)
-        self._commands.put(_Command("insert", request=req))
+        first = Request(tokens=tokens, params=params, loop=loop)
+        choices = [first] + [Request(tokens=tokens, params=params, loop=loop, ready=first.ready,
+                                     arrived=first.arrived, index=i) for i in range(1, params.n)]
+        self._commands.put(_Command("insert", requests=choices))
+        unfinished = len(choices)
         try:
             while True:
-                if not req.arrived:
-                    await req.ready.wait()
-                req.ready.clear()
-                items, req.arrived = coalesced(req.arrived), []
+                if not first.arrived:
+                    await first.ready.wait()
+                first.ready.clear()
+                items = coalesced(first.arrived)
+                first.arrived.clear()
                 for item in items:
                     if isinstance(item, BaseException):
                         raise item
                     yield item
                     if item.finish_reason is not None:
-                        return
+                        unfinished -= 1
+                        if not unfinished:
+                            return
         finally:
-            if not req.done:
-                self._commands.put(_Command("cancel", request=req))
+            for req in choices:
+                if not req.done:
+                    self._commands.put(_Command("cancel", request=req))
 
     # ---- the engine thread -----------------------------------------------------------------
 
@@ -206,7 +227,7 @@ class Engine:
         if self.abort_load:
             raise LoadAborted("load aborted: process memory pressure")
         # the weights' own bytes, not MLX's active-memory delta: other engines allocate meanwhile
-        weight_bytes = fill_weights(model)
+        weight_bytes = self._weight_bytes = fill_weights(model)
         self.model_info = model_info(model, config)
         self._prompt_cache = make_prompt_cache_store(self.model_id, self.path, *self._cache_options)
         self._stop_tokens = [[t] for t in sorted(tokenizer.eos_token_ids)]
@@ -216,9 +237,13 @@ class Engine:
 
     def _serve(self) -> None:
         while self._stop_command is None:
-            self._handle_commands(block=not self._requests)
-            if self._requests and self._stop_command is None:
+            busy = bool(self._requests or self._prefills)
+            pc = self._prompt_cache
+            self._handle_commands(block=not busy and not (pc is not None and pc.unsaved))
+            if busy and self._stop_command is None:
                 self._step()
+            elif pc is not None and pc.unsaved and self._stop_command is None:
+                pc.save_one()            # idle: write the disk tier's entries now (prompt_cache.py)
             self._outbox.flush()
         self._release(self._stop_command)
 
@@ -230,7 +255,7 @@ class Engine:
                 return
             block = False
             if cmd.kind == "insert":
-                self._insert(cmd.request)
+                self._insert(cmd.requests)
             elif cmd.kind == "cancel":
                 self._remove(cmd.request)
             elif cmd.kind == "abort_all":
@@ -244,26 +269,66 @@ class Engine:
                 self._stop_command = cmd
                 return
 
-    def _insert(self, req: Request) -> None:
-        p = req.params
+    def _insert(self, choices: list[Request]) -> None:
+        """A request's choices: one starts in its lane at once; several have their prompt read once
+        (a SharedPrefill, stepped with the lanes) and then start together."""
+        req, p = choices[0], choices[0].params
         try:   # anything that fails here ends this request, never the engine's thread
             if p.seed is not None:
                 mx.random.seed(p.seed)
-            cache = None
+            cache, cached = None, 0
             if p.cache_prompt and p.kv.default and self._prompt_cache is not None:
-                cache, req.cached_tokens = self._prompt_cache.fetch(req.tokens)
-            req.lane = self._lane_for(p.kv)
-            req.uid = self._lanes[req.lane].insert(
-                req.tokens[req.cached_tokens:], cache=cache, all_tokens=req.tokens[:req.cached_tokens],
-                max_tokens=p.max_tokens, sampler=make_sampler(temp=p.temperature, top_p=p.top_p if p.top_p < 1.0 else 0.0))
+                cache, cached = self._prompt_cache.fetch(req.tokens)
+            for choice in choices:
+                choice.cached_tokens = cached
+            if len(choices) == 1:
+                self._start(req, req.tokens[cached:], cache, req.tokens[:cached])
+            else:
+                cache = cache if cache is not None else new_cache(self._model, p.kv)
+                self._prefills.append(SharedPrefill(self._model, req.tokens[cached:], cache,
+                                                    req.tokens[:cached], choices))
         except Exception as e:  # noqa: BLE001
-            req.done = True
-            self._retire(req.lane)
-            self._outbox.emit(req, EngineError(f"could not start generation: {e}"))
+            self._fail_start(choices, e)
             return
+        self._count_active()
+
+    def _start(self, req: Request, tokens: list[int], cache, all_tokens: list[int]) -> None:
+        """Put one choice into its lane, with its own sampler and logits processors."""
+        p = req.params
+        req.lane = self._lane_for(p.kv)
+        if p.logprobs is not None and self._token_text is None:
+            self._token_text = TokenText(self._tokenizer)
+        req.uid = self._lanes[req.lane].insert(
+            tokens, cache=cache, all_tokens=all_tokens, max_tokens=p.max_tokens,
+            sampler=make_sampler(temp=p.temperature, top_p=p.top_p if p.top_p < 1.0 else 0.0),
+            processors=logits_processors(p, self._tokenizer))
         req.detokenizer = self._tokenizer.detokenizer
         self._requests[(req.lane, req.uid)] = req
-        self.active_requests = len(self._requests)
+
+    def _fail_start(self, choices: list[Request], error: Exception) -> None:
+        for req in choices:
+            self._remove(req)
+            self._retire(req.lane)
+            self._outbox.emit(req, EngineError(f"could not start generation: {error}"))
+
+    def _step_prefills(self) -> None:
+        """Read one chunk of each shared prompt; a prompt read in full starts its choices."""
+        for job in list(self._prefills):
+            try:
+                if not job.step(prefill_chunk(job.requests[0].params.kv, self.prefill_step)):
+                    continue
+                self._prefills.remove(job)
+                for req, cache in job.fork():
+                    self._start(req, job.pending, cache, job.fed)
+            except Exception as e:  # noqa: BLE001 - ends these choices, not the thread
+                log.exception("reading a shared prompt failed on %s", self.model_id)
+                if job in self._prefills:
+                    self._prefills.remove(job)
+                self._fail_start(job.requests, e)
+        self._count_active()
+
+    def _count_active(self) -> None:
+        self.active_requests = len(self._requests) + sum(len(job.requests) for job in self._prefills)
 
     def _lane_for(self, kv: KVConfig):
         """Requests that can batch together share a lane; quantized KV gets one of its own."""
@@ -287,19 +352,34 @@ class Engine:
             if kept:
                 self._store(req, *kept)
             self._retire(req.lane)
+        elif req.uid is None:
+            self._drop_from_prefills(req)
         req.done = True
-        self.active_requests = len(self._requests)
+        self._count_active()
+
+    def _drop_from_prefills(self, req: Request) -> None:
+        for job in self._prefills:
+            if req in job.requests:
+                job.requests.remove(req)
+                if not job.requests:
+                    self._prefills.remove(job)
+                return
 
     def _store(self, req: Request, cache, tokens) -> None:
-        if req.params.cache_prompt and req.params.kv.default and self._prompt_cache is not None and cache:
+        # one choice's KV is enough for the next turn, whichever choice the client keeps
+        if req.params.cache_prompt and req.params.kv.default and self._prompt_cache is not None and cache \
+                and req.index == 0:
             self._prompt_cache.store(list(tokens), cache)
 
     def _abort_all(self, error: BaseException) -> None:
-        for req in list(self._requests.values()):
+        waiting = [req for job in self._prefills for req in job.requests]
+        for req in list(self._requests.values()) + waiting:
             self._remove(req)
             self._outbox.emit(req, error)
 
     def _step(self) -> None:
+        if self._prefills:
+            self._step_prefills()
         for key, lane in list(self._lanes.items()):
             if lane.empty:
                 continue
@@ -317,7 +397,7 @@ class Engine:
                 try:   # a request that fails here ends alone; the lane and the thread go on
                     if step.finish_reason is not None:
                         self._store(req, step.prompt_cache, step.all_tokens)
-                    self._deliver(req, step.token, step.finish_reason)
+                    self._deliver(req, step.token, step.finish_reason, step.logprobs)
                 except Exception as e:  # noqa: BLE001
                     log.exception("delivering a token failed on %s", self.model_id)
                     self._remove(req)
@@ -339,7 +419,7 @@ class Engine:
     def _update_cache_stats(self) -> None:
         self._stats_at = time.monotonic()
         pc = self._prompt_cache
-        kv = sum(lane.kv_bytes for lane in self._lanes.values())
+        kv = sum(lane.kv_bytes for lane in self._lanes.values()) + sum(job.kv_bytes for job in self._prefills)
         disk = pc.disk if pc is not None else None
         self.cache_stats = CacheStats(kv_bytes=kv) if pc is None else CacheStats(
             kv_bytes=kv, prompt_cache_bytes=pc.nbytes, prompt_cache_entries=pc.entries,
@@ -357,8 +437,13 @@ class Engine:
         self._update_cache_stats()
         return freed
 
-    def _deliver(self, req: Request, token: int, finish_reason: str | None) -> None:
-        chunk, stopped_here = req.advance(token, finish_reason)
+    def _deliver(self, req: Request, token: int, finish_reason: str | None, logprobs=None) -> None:
+        top = req.params.logprobs
+        if top is not None and finish_reason != "stop" and logprobs is not None:
+            chunk, stopped_here = req.advance(token, finish_reason,
+                                              token_logprob(logprobs, token, top, self._token_text))
+        else:
+            chunk, stopped_here = req.advance(token, finish_reason)
         if chunk is not None:
             self._outbox.emit(req, chunk)
         if chunk is not None and chunk.finish_reason is not None:
@@ -367,19 +452,23 @@ class Engine:
     def _release(self, cmd: _Command) -> None:
         with ACCOUNTING:          # no load fills weights while the fall is measured
             rss_before, active_before = _rss(), mx.get_active_memory()
+            held = self._weight_bytes + sum(lane.kv_bytes for lane in self._lanes.values()) + (
+                self._prompt_cache.nbytes if self._prompt_cache is not None else 0)
             self._abort_all(RequestAborted(cmd.message or "the model was unloaded", "model_unloaded"))
             self._outbox.flush()
             if self._prompt_cache is not None:
                 self._prompt_cache.clear()
             mx.synchronize(generation_stream)  # mlx-lm's look-ahead step still holds arrays
             self._drop_model()
-            result = ReleaseResult(active_before, mx.get_active_memory(), rss_before, _rss())
+            result = ReleaseResult(active_before, mx.get_active_memory(), rss_before, _rss(), held)
         _resolve(cmd, result)
 
     def _drop_model(self) -> None:
         for lane in self._lanes.values():
             lane.close()
         self._lanes = {}
+        self._prefills = []
+        self._token_text = None
         self._model = self._tokenizer = None
         self._requests.clear()
         release_memory()

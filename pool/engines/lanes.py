@@ -16,9 +16,9 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generate_step, generation_stream
-from mlx_lm.models.cache import RotatingKVCache, trim_prompt_cache
+from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache, trim_prompt_cache
 
-from .alone import Alone, Pending, can_run_alone
+from .alone import Alone, Pending, can_run_alone, with_history
 from .types import KVConfig
 
 SIMILAR_TOKENS = 64        # prompts up to this long always enter together (padding them costs little)
@@ -27,12 +27,29 @@ ROTATING_KEEP = 4          # tokens a rotating cache always keeps at the start (
 
 @dataclass(frozen=True)
 class Step:
-    """One token for one request of a lane; the last carries the request's KV and tokens."""
+    """One token for one request of a lane, with the logprobs vector it was sampled from; the last
+    carries the request's KV and tokens."""
     uid: int
     token: int
     finish_reason: str | None
     prompt_cache: list[Any] | None = None
     all_tokens: list[int] | None = None
+    logprobs: Any = None
+
+
+def new_cache(model, config: KVConfig) -> list[Any]:
+    """An empty KV cache of the kind `config` asks for."""
+    if config.max_kv_size is not None:
+        return [RotatingKVCache(max_size=config.max_kv_size, keep=ROTATING_KEEP) for _ in model.layers]
+    return make_prompt_cache(model)
+
+
+def prefill_chunk(config: KVConfig, tokens: int) -> int:
+    """Prompt tokens read per step. A rotating cache holds its window plus the chunk being read, so
+    its chunks are a quarter of the window: the peak stays near the window."""
+    if config.max_kv_size is not None:
+        return min(tokens, max(ROTATING_KEEP * 16, config.max_kv_size // 4))
+    return tokens
 
 
 def shortest_first(incoming: list[Pending], unstarted: list[int]) -> tuple[list[Pending], list[Pending]]:
@@ -69,17 +86,16 @@ class BatchLane:
         self._prefill_step = 2048
 
     def set_prefill_step(self, tokens: int) -> None:
-        # read by each step: the next chunk uses it. A rotating cache holds its window plus the chunk
-        # being read, so its chunks are a quarter of the window: the peak stays near the window.
-        if self.config.max_kv_size is not None:
-            tokens = min(tokens, max(ROTATING_KEEP * 16, self.config.max_kv_size // 4))
-        self._prefill_step = self._generator.prefill_step_size = tokens
+        # read by each step: the next chunk uses it
+        self._prefill_step = self._generator.prefill_step_size = prefill_chunk(self.config, tokens)
 
-    def insert(self, tokens: list[int], *, cache, all_tokens: list[int], max_tokens: int, sampler) -> int:
+    def insert(self, tokens: list[int], *, cache, all_tokens: list[int], max_tokens: int, sampler,
+               processors=()) -> int:
         if cache is None and self.config.max_kv_size is not None:
-            cache = [RotatingKVCache(max_size=self.config.max_kv_size, keep=ROTATING_KEEP) for _ in self.model.layers]
+            cache = new_cache(self.model, self.config)
         uid = next(self._uids)
-        self._incoming.append(Pending(uid, list(tokens), cache, list(all_tokens), max_tokens, sampler))
+        self._incoming.append(Pending(uid, list(tokens), cache, list(all_tokens), max_tokens, sampler,
+                                      tuple(processors)))
         return uid
 
     def step(self) -> list[Step]:
@@ -109,7 +125,8 @@ class BatchLane:
 
     def _to_batch(self, p: Pending) -> None:
         (g,) = self._generator.insert([p.tokens], max_tokens=[p.max_tokens], caches=[p.cache],
-                                      all_tokens=[p.all_tokens], samplers=[p.sampler])
+                                      all_tokens=[p.all_tokens], samplers=[p.sampler],
+                                      logits_processors=[list(p.processors)])
         self._in_batch[g] = p.uid
         self._batched[p.uid] = replace(p, cache=None, all_tokens=[])   # the generator holds the KV now
         self._generated[p.uid] = 0
@@ -119,12 +136,12 @@ class BatchLane:
         out = alone.step(self._prefill_step)
         if out is None:
             return []
-        token, finish = out
+        token, logprobs, finish = out
         if finish is None:
-            return [Step(alone.uid, token, None)]
+            return [Step(alone.uid, token, None, logprobs=logprobs)]
         self._alone = None
         cache, tokens = alone.finished_cache()
-        return [Step(alone.uid, token, finish, cache, tokens)]
+        return [Step(alone.uid, token, finish, cache, tokens, logprobs)]
 
     def _step_batch(self) -> list[Step]:
         _, responses = self._generator.next()
@@ -137,7 +154,7 @@ class BatchLane:
                 self._forget(r.uid)
             else:
                 self._generated[uid] += 1
-            steps.append(Step(uid, r.token, r.finish_reason, r.prompt_cache, r.all_tokens))
+            steps.append(Step(uid, r.token, r.finish_reason, r.prompt_cache, r.all_tokens, r.logprobs))
         return steps
 
     def _maybe_leave_batch(self) -> None:
@@ -151,8 +168,8 @@ class BatchLane:
         cache, tokens = self._generator.remove([g], return_prompt_caches=True)[g]
         self._forget(g)
         trim_prompt_cache(cache, 1)           # the batch's look-ahead: feed its last token again
-        self._alone = Alone(self.model, Pending(uid, tokens[-1:], cache, tokens[:-1], remaining, entered.sampler),
-                            self._stop)
+        self._alone = Alone(self.model, Pending(uid, tokens[-1:], cache, tokens[:-1], remaining, entered.sampler,
+                                                entered.processors), self._stop)
 
     def _forget(self, g: int) -> None:
         uid = self._in_batch.pop(g)
@@ -208,13 +225,13 @@ class SoloLane:
     def set_prefill_step(self, tokens: int) -> None:
         self._prefill_step = tokens                   # for a request not yet started
 
-    def insert(self, tokens: list[int], *, cache, all_tokens: list[int], max_tokens: int, sampler) -> int:
-        from mlx_lm.models.cache import make_prompt_cache
-
+    def insert(self, tokens: list[int], *, cache, all_tokens: list[int], max_tokens: int, sampler,
+               processors=()) -> int:
         self._cache = cache or make_prompt_cache(self.model)
         self._max_tokens = max_tokens
         c = self.config
         self._steps = generate_step(mx.array(tokens), self.model, max_tokens=max_tokens, sampler=sampler,
+                                    logits_processors=with_history(processors, all_tokens),
                                     prompt_cache=self._cache, kv_bits=c.kv_bits, kv_group_size=c.kv_group_size,
                                     quantized_kv_start=c.quantized_kv_start, prefill_step_size=self._prefill_step)
         return self._uid
@@ -222,14 +239,14 @@ class SoloLane:
     def step(self) -> list[Step]:
         if self._steps is None:
             return []
-        token, _ = next(self._steps)
+        token, logprobs = next(self._steps)
         token = int(token.item() if hasattr(token, "item") else token)
         self._generated += 1
         finish = "stop" if token in self._stop else ("length" if self._generated >= self._max_tokens else None)
         if finish is not None:
             self._steps.close()
             self._steps = None
-        return [Step(self._uid, token, finish)]
+        return [Step(self._uid, token, finish, logprobs=logprobs)]
 
     def remove(self, uid: int, *, keep_cache: bool = False):
         if self._steps is not None:

@@ -3,7 +3,8 @@
 The engine thread detokenizes each token and applies the stop strings (`Request.advance`), collects
 what a step produced for every request in an `Outbox`, and hands it over with one
 `loop.call_soon_threadsafe` per step; the request's coroutine reads what arrived, joining the text
-that piled up while it was busy (`coalesced`)."""
+that piled up while it was busy (`coalesced`). A request for several choices (`n`) is one `Request`
+per choice, all handing over into the same `arrived` list."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import asyncio
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .stops import find_stop, holdback
-from .types import Chunk, SamplingParams
+from .stops import find_stop, holdback, stop_found
+from .types import Chunk, SamplingParams, TokenLogprob
 
 
 @dataclass(eq=False)     # a dict key by identity
@@ -29,28 +30,44 @@ class Request:
     cached_tokens: int = 0  # prompt tokens taken from the prompt cache
     lane: Any = None        # the key of the lane it decodes in
     done: bool = False
+    index: int = 0          # the choice it is, of the request's n
+    logprobs: list[TokenLogprob] = field(default_factory=list)   # not yet sent
 
-    def advance(self, token: int, finish_reason: str | None) -> tuple[Chunk | None, bool]:
-        """Take one generated token: (the chunk to send, if any, and whether a stop string ended the
-        request here). The last chunk carries the finish reason and the counts."""
+    def advance(self, token: int, finish_reason: str | None,
+                logprob: TokenLogprob | None = None) -> tuple[Chunk | None, bool]:
+        """Take one generated token (and its logprobs, when the request asked): (the chunk to send,
+        if any, and whether a stop string ended the request here). The last chunk carries the
+        finish reason and the counts."""
         detok = self.detokenizer
         if finish_reason != "stop":  # the stop (EOS) token itself is not text
             detok.add_token(token)
             self.generated += 1
+            if logprob is not None:
+                self.logprobs.append(logprob)
         if finish_reason is not None:
             detok.finalize()
         self.text += detok.last_segment
         stop_at = find_stop(self.text, self.params.stop)
         stopped_here = stop_at is not None and finish_reason is None
+        matched = None
         if stop_at is not None:
+            matched = stop_found(self.text, self.params.stop, stop_at)
             self.text, finish_reason = self.text[:stop_at], "stop"
         if finish_reason is None:
             emit = self.text[: len(self.text) - holdback(self.text, self.params.stop)]
             self.text = self.text[len(emit):]
+            if self.logprobs or self.index:   # only requests that asked for logprobs or n > 1
+                return (Chunk(emit, logprobs=self._take_logprobs(), index=self.index)
+                        if emit or self.logprobs else None), False
             return (Chunk(emit) if emit else None), False
-        chunk = Chunk(self.text, finish_reason, len(self.tokens), self.generated, self.cached_tokens)
+        chunk = Chunk(self.text, finish_reason, len(self.tokens), self.generated, self.cached_tokens,
+                      self._take_logprobs(), self.index, matched)
         self.text = ""
         return chunk, stopped_here
+
+    def _take_logprobs(self) -> tuple[TokenLogprob, ...]:
+        taken, self.logprobs = tuple(self.logprobs), []
+        return taken
 
 
 class Outbox:
@@ -85,13 +102,20 @@ def _hand_over(batch: list[tuple[Request, list]]) -> None:
 
 
 def coalesced(items: list) -> list:
-    """Text chunks that piled up while the reader was busy become one; errors and the last chunk stay
-    in order."""
+    """Text chunks of one choice that piled up while the reader was busy become one; errors and the
+    last chunk stay in order."""
     out: list = []
+    open_at: dict[int, int] = {}      # choice -> where its unfinished chunk is in `out`
     for item in items:
-        prev = out[-1] if out else None
-        if isinstance(item, Chunk) and isinstance(prev, Chunk) and prev.finish_reason is None:
-            out[-1] = replace(item, text=prev.text + item.text)
+        at = open_at.pop(item.index, None) if isinstance(item, Chunk) else None
+        if at is not None:
+            prev = out[at]
+            out[at] = replace(item, text=prev.text + item.text, logprobs=prev.logprobs + item.logprobs)
         else:
+            at = len(out)
             out.append(item)
+        if not isinstance(item, Chunk):
+            open_at.clear()           # what follows an error stays after it
+        elif item.finish_reason is None:
+            open_at[item.index] = at
     return out

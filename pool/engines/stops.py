@@ -8,6 +8,11 @@ def find_stop(text: str, stops: tuple[str, ...]) -> int | None:
     return min(hits) if hits else None
 
 
+def stop_found(text: str, stops: tuple[str, ...], at: int) -> str | None:
+    """The stop string that find_stop found at `at` (the first listed, when several start there)."""
+    return next((s for s in stops if s and text.startswith(s, at)), None)
+
+
 def holdback(text: str, stops: tuple[str, ...]) -> int:
     """How many trailing characters could still start a stop string (kept until we know)."""
     best = 0

@@ -38,16 +38,42 @@ class SamplingParams:
     seed: int | None = None
     cache_prompt: bool = True      # reuse and store prefix KV in the model's prompt cache
     kv: KVConfig = KVConfig()
+    n: int = 1                     # choices from one prompt, read once
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float | None = None
+    logprobs: int | None = None    # None: off; k: each token's logprob and the k most likely
+    constraint: Any = None         # has make_processor(tokenizer) -> a logits processor
+
+    @property
+    def processed(self) -> bool:
+        """Whether this request's logits pass through processors of its own."""
+        return bool(self.logit_bias or self.presence_penalty or self.frequency_penalty
+                    or self.repetition_penalty is not None or self.constraint is not None)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token: its text, log-probability, UTF-8 bytes, and the most likely tokens at
+    its step as (text, logprob, bytes), most likely first."""
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+    top: tuple[tuple[str, float, tuple[int, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
 class Chunk:
-    """A piece of generated text; the last one of a request carries `finish_reason`."""
+    """A piece of generated text; the last one of a choice carries `finish_reason`."""
     text: str
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0         # prompt tokens whose KV came from the prompt cache
+    logprobs: tuple[TokenLogprob, ...] = ()   # the tokens since the last chunk (text held back included)
+    index: int = 0                 # the choice, when a request asked for several (n)
+    stop_sequence: str | None = None   # on the last chunk: the stop string that ended the choice
 
 
 @dataclass(frozen=True)
@@ -63,10 +89,17 @@ class ReleaseResult:
     active_after: int
     rss_before: int
     rss_after: int
+    held_bytes: int = 0      # the engine's own arrays when it let them go: weights, caches, KV
+
+    @property
+    def active_drop(self) -> int:
+        """The fall of the process's MLX active memory across the release; other engines' work
+        moves it too, so it measures this release only while they are idle."""
+        return max(0, self.active_before - self.active_after)
 
     @property
     def freed_bytes(self) -> int:
-        return max(0, self.active_before - self.active_after)
+        return self.held_bytes or self.active_drop
 
 
 @dataclass(frozen=True)
@@ -97,6 +130,6 @@ class EngineLike(Protocol):
     async def call(self, fn: Callable[[], Any]) -> Any: ...
     async def shrink_prompt_cache(self, *, cap_bytes: int, free_bytes: int = 0) -> int: ...
     def abort_all(self, message: str, code: str = ...) -> None: ...
-    def encode_chat(self, messages: list[dict]) -> list[int]: ...
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]: ...
     def encode_text(self, prompt: str) -> list[int]: ...
     def generate(self, tokens: list[int], params: SamplingParams) -> AsyncIterator[Chunk]: ...

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .units import format_bytes, join_names
 from .vocabulary import RESIDENT_STATES, ModelState, Reason, Refusal
@@ -191,3 +191,10 @@ def _why_kept(model: ModelView) -> str:
         return "serving a request"
     return f"serving {model.leases} requests"
 
+
+def fits_once_idle(models: list[ModelView], target_id: str, *, budget: int | None, max_loaded: int = 0) -> bool:
+    """Whether the target would fit if every model that blocks it only for now (busy, loading or
+    unloading, not pinned) were idle: then a load should wait for them instead of refusing."""
+    idle = [m if m.id == target_id or m.pinned or not m.resident else
+            replace(m, state=ModelState.LOADED, leases=0) for m in models]
+    return plan_admission(idle, target_id, budget=budget, max_loaded=max_loaded).fits

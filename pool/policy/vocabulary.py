@@ -39,6 +39,8 @@ class Reason(StrEnum):
     CACHE_RECLAIM = "cache_reclaim"
     LOAD_ABORTED = "load_aborted"
     REQUESTS_ABORTED = "requests_aborted"
+    STORAGE_FAULT = "storage_fault"          # writes under the data folder started failing (pool/storage.py)
+    STORAGE_RECOVERED = "storage_recovered"  # ... and work again
 
 
 class ActionKind(StrEnum):
@@ -48,6 +50,7 @@ class ActionKind(StrEnum):
     ABORT_LOAD = "abort_load"
     ABORT_REQUESTS = "abort_requests"
     MARK_UNLOAD = "mark_unload"
+    STORAGE = "storage"              # not the enforcer's: the data folder's state changed
 
 
 class Refusal(StrEnum):

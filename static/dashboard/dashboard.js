@@ -267,7 +267,8 @@
       m.lru_rank != null ? "eviction order" : "not evictable now (pinned, busy or not loaded)";
     const primary = m.display_name || m.alias || m.id;
     r.primary.textContent = primary;
-    r.secondary.textContent = primary === m.id ? "" : m.id + (m.alias && primary !== m.alias ? " · alias " + m.alias : "");
+    r.secondary.textContent = [primary === m.id ? "" : m.id + (m.alias && primary !== m.alias ? " · alias " + m.alias : ""),
+                               m.kind === "embeddings" ? "embeddings" : ""].filter(Boolean).join(" · ");
     const badges = [];
     if (m.lru_rank === 0) badges.push("next victim");
     if (m.pinned) badges.push("pinned");

@@ -104,9 +104,11 @@ def test_bad_parameters_are_named(start_server):
     assert server.post("/api/telemetry", {}).status_code == 405
 
 
-def test_metrics_are_open_and_telemetry_needs_the_key(start_server):
+def test_metrics_and_telemetry_need_the_key(start_server):
     server = start_server(OMLX_API_KEY="sekret")
-    assert httpx.get(server.url + "/metrics", timeout=30).status_code == 200
+    refused = httpx.get(server.url + "/metrics", timeout=30)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    assert server.get("/metrics").status_code == 200
     refused = httpx.get(server.url + "/api/telemetry", timeout=30)
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
     assert telemetry(server).status_code == 200

@@ -108,11 +108,13 @@ def test_import_gguf_command_converts_once(omlx_home):
     assert "already" in out.getvalue()
     assert (model_dir / "model.safetensors").stat().st_mtime_ns == written
 
+    call_command("prepare_demo", stdout=StringIO())   # unpacks the embedding model, once
     out = StringIO()
     started = time.monotonic()
     call_command("prepare_demo", stdout=out)
     assert time.monotonic() - started < 0.5
-    assert out.getvalue().splitlines() == [f"demo model ready: {model_dir}"]
+    assert out.getvalue().splitlines() == [f"demo model ready: {model_dir}",
+                                           f"embedding model ready: {omlx_home / 'models' / 'all-MiniLM-L6-v2'}"]
 
 
 def test_import_gguf_command_errors(omlx_home):

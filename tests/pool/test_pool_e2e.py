@@ -51,22 +51,26 @@ def test_three_models_rotate_under_a_small_budget(start_server, models):
 
 
 def test_pinned_and_busy_models_are_never_victims(start_server, models):
-    server = start_server(models, demo=False, OMLX_MAX_MODEL_MEMORY="80MB")
+    server = start_server(models, demo=False, OMLX_MAX_MODEL_MEMORY="80MB", OMLX_LOAD_WAIT="1")
     server.chat("a"), server.chat("b")
     r = server.post("/admin/model/a/settings", {"is_pinned": True})
     assert r.status_code == 200 and r.json()["is_pinned"] is True
     assert server.chat("c").status_code == 200  # a is older but pinned: b goes
     assert server.states() == {"a": "loaded", "b": "unloaded", "c": "loaded"}
 
-    busy = server.stream("c")  # c busy, a pinned: nothing can go
+    busy = server.stream("c")  # c busy, a pinned: nothing can go now; b waits OMLX_LOAD_WAIT, then a 503
     r = server.chat("b")
-    assert r.status_code == 507
-    error = r.json()["error"]
-    assert error["code"] == "insufficient_memory" and "'a'" in error["message"] and "'c'" in error["message"]
+    assert r.status_code == 503 and r.json()["error"]["code"] == "models_busy" and r.headers["Retry-After"]
     assert server.states() == {"a": "loaded", "b": "unloaded", "c": "loaded"}  # nothing unloaded
     assert server.post("/api/models/c/unload", {}).status_code == 409  # busy
     busy.close()
     server.wait_for(lambda: server.model("c")["active_requests"] == 0)
+    assert server.post("/admin/model/c/settings", {"is_pinned": True}).status_code == 200
+    r = server.chat("b")      # both pinned: waiting cannot help, a 507 at once naming them
+    error = r.json()["error"]
+    assert r.status_code == 507 and error["code"] == "insufficient_memory"
+    assert "'a'" in error["message"] and "'c'" in error["message"]
+    assert server.post("/admin/model/c/settings", {"is_pinned": False}).status_code == 200
     assert server.post("/api/models/a/unload", {}).status_code == 200  # a pin does not stop a manual unload
     assert server.events()[0]["reason"] == "manual"
 

@@ -1,8 +1,12 @@
-"""`python manage.py serve [--host H] [--port P]`: Daphne serving omlx_site.asgi:application.
+"""`python manage.py serve [--host H] [--port P] [--allow-remote-without-key]`: Daphne serving
+omlx_site.asgi:application.
 
 The database is brought up to date first (a new OMLX_HOME needs no separate migrate), or the
-command exits non-zero with the reason in one line. The pool, the enforcer and pinned-model preloads start as soon as the server is ready, and stop
-cleanly (engine threads ended, models released) before the reactor shuts down."""
+command exits non-zero with the reason in one line. Without OMLX_API_KEY it listens on loopback
+only: another address needs --allow-remote-without-key, and a warning is printed. The pool, the
+enforcer and pinned-model preloads start as soon as the server is ready. SIGTERM or SIGINT stops it
+gracefully (pool/management/server.py): running requests get OMLX_SHUTDOWN_GRACE seconds, then the
+engine threads end, the database closes, and the process exits 0."""
 
 import asyncio
 import logging
@@ -12,8 +16,11 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 
 from pool.conf import get_settings
+from pool.network import hosts_for, is_loopback
 
 log = logging.getLogger("pool")
+
+ALLOW_FLAG = "--allow-remote-without-key"
 
 
 class Command(BaseCommand):
@@ -24,35 +31,64 @@ class Command(BaseCommand):
         conf = get_settings()
         parser.add_argument("--host", default=conf.host)
         parser.add_argument("--port", type=int, default=conf.port)
+        parser.add_argument(ALLOW_FLAG, action="store_true", dest="allow_remote_without_key",
+                            help="listen on a non-loopback address although OMLX_API_KEY is unset")
 
-    def handle(self, *args, host, port, **options):
+    def handle(self, *args, host, port, allow_remote_without_key=False, **options):
         self._adopt_host(host)
+        self._check_exposure(host, allow_remote_without_key)
         self._prepare_database()
         self._say_blas()
-        sys.setswitchinterval(get_settings().switch_interval)
+        conf = get_settings()
+        sys.setswitchinterval(conf.switch_interval)
         from daphne.endpoints import build_endpoint_description_strings
-        from daphne.server import Server
+
+        from pool.management.server import GracefulStop, OmlxServer  # installs Twisted's asyncio reactor
         from twisted.internet import defer, reactor
 
-        from omlx_site.asgi import application
+        from omlx_site.asgi import application, in_flight
         from pool.runtime import get_runtime
 
         runtime = get_runtime()
+        server = OmlxServer(application=application, endpoints=build_endpoint_description_strings(host=host, port=port),
+                            ready_callable=lambda: ready(), signal_handlers=False, verbosity=0,
+                            application_close_timeout=5, websocket_handshake_timeout=5,
+                            header_timeout=conf.header_timeout, idle_timeout=conf.idle_timeout)
+        stop = GracefulStop(server=server, in_flight=in_flight, runtime=runtime, grace=conf.shutdown_grace)
 
         def ready():
+            stop.install()
             asyncio.ensure_future(runtime.start())
             self.stdout.write(f"omlx-site serving on http://{host}:{port}/ (models in "
                               f"{', '.join(str(d) for d in runtime.settings.model_dirs)})")
             self.stdout.flush()
 
-        def before_shutdown():
-            return defer.Deferred.fromFuture(asyncio.ensure_future(runtime.stop()))
+        async def stop_runtime():
+            from asgiref.sync import sync_to_async
+            from django.db import connections
 
-        reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)
+            await runtime.stop()
+            await sync_to_async(connections.close_all)()   # the background writes' thread
+            log.info("stopped: engines ended, database closed")
+
+        reactor.addSystemEventTrigger("before", "shutdown",
+                                      lambda: defer.Deferred.fromFuture(asyncio.ensure_future(stop_runtime())))
         logging.getLogger("daphne").setLevel(logging.WARNING)
-        Server(application=application, endpoints=build_endpoint_description_strings(host=host, port=port), ready_callable=ready,
-               application_close_timeout=5, websocket_handshake_timeout=5, verbosity=0).run()
+        server.run()
+        from django.db import connections
+
+        connections.close_all()
         sys.stdout.flush()
+
+    def _check_exposure(self, host: str, allowed: bool) -> None:
+        if get_settings().api_key or is_loopback(host):
+            return
+        if not allowed:
+            raise CommandError(f"refusing to listen on {host} without OMLX_API_KEY: anyone who can reach it "
+                               f"could use the API; set OMLX_API_KEY, or pass {ALLOW_FLAG}")
+        self.stderr.write(f"WARNING: listening on {host} without OMLX_API_KEY: /v1/* is open to every client "
+                          "that can reach this port; /api/*, /metrics and the dashboard answer loopback "
+                          "clients (or a staff login) only.")
 
     def _say_blas(self) -> None:
         from pool import blas
@@ -76,16 +112,13 @@ class Command(BaseCommand):
 
     @staticmethod
     def _adopt_host(host: str) -> None:
-        """`--host` wins over OMLX_HOST everywhere: the dashboard's loopback rule and ALLOWED_HOSTS."""
+        """`--host` wins over OMLX_HOST everywhere: the loopback rules, and ALLOWED_HOSTS, which
+        holds the names this server answers to (not the test client's `testserver`)."""
         from django.conf import settings
 
         from pool.conf import reload_settings
 
-        if host == get_settings().host:
-            return
-        os.environ["OMLX_HOST"] = host
-        reload_settings()
-        if host in ("0.0.0.0", "::"):
-            settings.ALLOWED_HOSTS = ["*"]
-        elif host not in settings.ALLOWED_HOSTS:
-            settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, host]
+        if host != get_settings().host:
+            os.environ["OMLX_HOST"] = host
+            reload_settings()
+        settings.ALLOWED_HOSTS = hosts_for(host, get_settings().allowed_hosts)

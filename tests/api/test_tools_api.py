@@ -1,0 +1,231 @@
+"""Tool calling on /v1/chat/completions through a real server with the official openai client, on
+the demo model (SmolLM2-135M: its chat template has no tool support, so the server's fallback
+format applies): a forced call's arguments validate against the function's parameters, the result
+fed back gets an answer, streamed call deltas reassemble, and the fields' 400s. Then /v1/models'
+capabilities and context lengths, and a chat request naming an embedding model."""
+
+import json
+import os
+import shutil
+
+import jsonschema
+import openai
+import pytest
+
+from pool.capabilities import capabilities, context_length
+from pool.discovery import CHAT, EMBEDDINGS
+from tests.conftest import DEMO, Server, free_port
+
+MINILM = "all-MiniLM-L6-v2"
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "The city's name"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "The local time in a timezone",
+    "parameters": {"type": "object", "properties": {"timezone": {"type": "string"}},
+                   "required": ["timezone"], "additionalProperties": False}}}
+TOOLS = [WEATHER, TIME]
+ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+@pytest.fixture(scope="module")
+def minilm_dir(tmp_path_factory):
+    from pool.management.commands.prepare_demo import unpack_embedding_model
+
+    return unpack_embedding_model(tmp_path_factory.mktemp("embedding") / MINILM)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, migrated_db, demo_model_dir, minilm_dir):
+    home = tmp_path_factory.mktemp("tools-home")
+    (home / "models").mkdir()
+    shutil.copy(migrated_db, home / "omlx.sqlite3")
+    (home / "models" / DEMO).symlink_to(demo_model_dir)
+    (home / "models" / MINILM).symlink_to(minilm_dir)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_")}
+    env.update(OMLX_HOME=str(home), OMLX_MODEL_DIRS=str(home / "models"), PYTHONUNBUFFERED="1")
+    s = Server(home, free_port(), env).start()
+    yield s
+    assert s.stop() == 0, s.log_text()[-3000:]
+
+
+def assert_valid_call(call, name=None):
+    assert call.type == "function" and call.id
+    assert call.function.name in PARAMETERS and (name is None or call.function.name == name)
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, PARAMETERS[call.function.name])
+    return arguments
+
+
+def test_required_tool_call_round_trip(server):
+    client = server.openai()
+    reply = client.chat.completions.create(model=DEMO, messages=ASK, tools=TOOLS, tool_choice="required",
+                                           parallel_tool_calls=False, max_tokens=80, temperature=0)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert choice.message.content is None
+    assert len(choice.message.tool_calls) == 1          # parallel_tool_calls false: one call
+    call = choice.message.tool_calls[0]
+    assert_valid_call(call)
+
+    history = ASK + [choice.message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 21})}]
+    answer = client.chat.completions.create(model=DEMO, messages=history, tools=TOOLS, max_tokens=30,
+                                            temperature=0)
+    final = answer.choices[0]
+    assert final.finish_reason in ("stop", "length")
+    assert final.message.content and not final.message.tool_calls
+    assert answer.usage.prompt_tokens > reply.usage.prompt_tokens     # the call and its result were rendered
+
+
+def test_a_named_tool_choice_picks_that_function(server):
+    reply = server.openai().chat.completions.create(
+        model=DEMO, messages=ASK, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}},
+        max_tokens=80, temperature=0)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    for call in choice.message.tool_calls:
+        assert_valid_call(call, "get_time")
+
+
+def test_streamed_tool_call_deltas_reassemble_to_the_same_call(server):
+    client = server.openai()
+    body = dict(model=DEMO, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+                max_tokens=80, temperature=0)
+    whole = client.chat.completions.create(**body).choices[0].message.tool_calls[0]
+    with client.chat.completions.stream(**body) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_completion()
+    choice = final.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    streamed = choice.message.tool_calls[0]
+    assert (streamed.function.name, json.loads(streamed.function.arguments)) == \
+        (whole.function.name, json.loads(whole.function.arguments))
+
+    # the raw chunks: calls only in delta.tool_calls, indexed; the last chunk says tool_calls
+    reasons, calls = [], {}
+    for chunk in client.chat.completions.create(**body, stream=True):
+        for c in chunk.choices:
+            reasons.append(c.finish_reason)
+            assert not (c.delta.content or "").strip().startswith("<tool_call>")
+            for d in c.delta.tool_calls or ():
+                calls.setdefault(d.index, "")
+                calls[d.index] += d.function.arguments or ""
+    assert reasons[-1] == "tool_calls" and list(calls) == [0]
+    assert json.loads(calls[0]) == json.loads(whole.function.arguments)
+
+
+def test_tool_choice_none_gives_text(server):
+    reply = server.openai().chat.completions.create(model=DEMO, messages=ASK, tools=TOOLS, tool_choice="none",
+                                                    max_tokens=20, temperature=0)
+    choice = reply.choices[0]
+    assert choice.message.content and not choice.message.tool_calls
+    assert choice.finish_reason in ("stop", "length")
+    plain = server.openai().chat.completions.create(model=DEMO, messages=ASK, max_tokens=20, temperature=0)
+    assert reply.usage.prompt_tokens == plain.usage.prompt_tokens     # "none": the tools are not shown
+
+
+def test_a_forced_call_outranks_response_format(server):
+    reply = server.post("/v1/chat/completions", {
+        "model": DEMO, "messages": ASK, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 80,
+        "response_format": {"type": "json_object"}, "parallel_tool_calls": False}).json()
+    choice = reply["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", reply
+    assert choice["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"tools": "get_weather"}, "tools"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+    ({"tools": [{"type": "function", "function": {"name": "get weather"}}]}, "tools[0].function.name"),
+    ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]},
+     "tools[0].function.parameters"),
+    ({"tools": TOOLS, "tool_choice": "any"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_news"}}}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function"}}, "tool_choice"),
+    ({"tools": TOOLS, "parallel_tool_calls": 1}, "parallel_tool_calls"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {      # a forced call it cannot enforce
+        "type": "object", "properties": {"xs": {"type": "array", "uniqueItems": True}}}}}],
+      "tool_choice": "required"}, "tools"),
+    ({"messages": ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{not json"}}]}]},
+     "messages[1].tool_calls[0].function.arguments"),
+])
+def test_bad_tools_are_400s_naming_the_field(server, body, param):
+    client = server.openai()
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(**{"model": DEMO, "messages": ASK, "max_tokens": 2, **body})
+    assert e.value.status_code == 400
+    assert e.value.body["param"] == param, e.value.body
+
+
+# ---- /v1/models ---------------------------------------------------------------------------------
+
+def test_models_list_capabilities_and_context_length(server, demo_model_dir):
+    client = server.openai()
+    models = {m.id: m.model_dump() for m in client.models.list()}
+    demo, minilm = models[DEMO], models[MINILM]
+    assert demo["capabilities"] == ["chat", "completions", "tools", "structured_output"]
+    assert demo["context_length"] == json.loads((demo_model_dir / "config.json").read_text())[
+        "max_position_embeddings"]
+    assert minilm["capabilities"] == ["embeddings"]
+    assert minilm["context_length"] == 256        # sentence-transformers' max_seq_length, not BERT's 512
+    assert client.models.retrieve(MINILM).model_dump()["capabilities"] == ["embeddings"]
+    one = server.get(f"/v1/models/{DEMO}").json()
+    assert (one["capabilities"], one["context_length"]) == (demo["capabilities"], demo["context_length"])
+
+
+def test_a_chat_request_for_an_embedding_model_is_refused_before_it_loads(server):
+    with pytest.raises(openai.BadRequestError) as e:
+        server.openai().chat.completions.create(model=MINILM, messages=ASK, max_tokens=2)
+    assert e.value.body["param"] == "model" and e.value.body["code"] == "model_kind_mismatch"
+    assert server.model(MINILM)["state"] == "unloaded"
+
+
+@pytest.mark.parametrize("kind, config, sentence, length", [
+    (CHAT, {"max_position_embeddings": 8192}, None, 8192),
+    (CHAT, {"n_positions": 1024}, None, 1024),                           # GPT-2 style
+    (CHAT, {"text_config": {"max_position_embeddings": 32768}}, None, 32768),   # a VLM's text model
+    (CHAT, {"max_position_embeddings": None, "seq_length": 2048}, None, 2048),
+    (CHAT, {}, None, None),
+    (CHAT, {"max_position_embeddings": "long"}, None, None),
+    (EMBEDDINGS, {"max_position_embeddings": 512}, {"max_seq_length": 256}, 256),
+    (EMBEDDINGS, {"max_position_embeddings": 512}, {"max_seq_length": 1024}, 512),
+    (EMBEDDINGS, {"max_position_embeddings": 512}, None, 512),
+    (EMBEDDINGS, {}, {"max_seq_length": 128}, 128),
+])
+def test_context_length_from_the_config(kind, config, sentence, length):
+    assert context_length(kind, config, sentence) == length
+
+
+def test_capabilities_by_kind():
+    assert "tools" in capabilities(CHAT) and capabilities(EMBEDDINGS) == ["embeddings"]
+    assert capabilities("other") == []
+
+
+# ---- count_tokens (the serving door's, behind /v1/messages/count_tokens) ---------------------------
+
+def test_count_tokens_takes_no_slot_and_counts_the_rendered_tools(start_server):
+    server = start_server(OMLX_MAX_CONCURRENT=1, OMLX_QUEUE_PER_MODEL=0)
+    body = {"model": DEMO, "messages": ASK,
+            "tools": [{"name": "get_weather", "description": "The current weather in a city",
+                       "input_schema": WEATHER["function"]["parameters"]}]}
+    stream = server.stream(DEMO)           # holds the model's one slot; no request may queue
+    try:
+        assert server.chat(DEMO).status_code == 503                  # a completion is refused...
+        counted = server.post("/v1/messages/count_tokens", body)     # ...a count is not
+        assert counted.status_code == 200, counted.text
+        plain = server.post("/v1/messages/count_tokens", {"model": DEMO, "messages": ASK}).json()
+    finally:
+        stream.close()
+    assert counted.json()["input_tokens"] > plain["input_tokens"] + 50     # the tools' system message
+    answer = server.post("/v1/messages", {**body, "max_tokens": 1}).json()
+    assert answer["usage"]["input_tokens"] == counted.json()["input_tokens"]
+    openai_way = server.openai().chat.completions.create(model=DEMO, messages=ASK, max_tokens=1)
+    assert openai_way.usage.prompt_tokens == plain["input_tokens"]
