@@ -63,6 +63,8 @@ def weights_size(path: Path) -> int:
 def _safetensors_header(file: Path) -> dict:
     with file.open("rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
+        if length > file.stat().st_size - 8:    # a garbage header: not a length to allocate
+            raise ValueError(f"{file.name}: its header length {length} exceeds the file")
         return json.loads(f.read(length))
 
 

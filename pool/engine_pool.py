@@ -30,6 +30,7 @@ from .policy import idle
 from .policy.admission import AdmissionPlan, ModelView, auto_model_budget, fits_once_idle, plan_admission
 from .policy.dequantize import dequantize_budget, should_dequantize
 from .policy.pressure import prefill_step
+from .policy.redact import without_paths
 from .policy.vocabulary import ActionKind, Change, Level, ModelState, Reason, Refusal
 from .relief import Relief
 
@@ -46,6 +47,13 @@ def _default_engine_factory(model_id: str, path: Path, **options) -> EngineLike:
 def _default_embedding_factory(model_id: str, path: Path, **options) -> EngineLike:
     from .engines.embedding import EmbeddingEngine
     return EmbeddingEngine(model_id, path, **options)
+
+
+def _shown_failure(entry, error: BaseException) -> str:
+    """A load error as clients see it: files named inside the model's folder, never by absolute
+    path (the log keeps the whole message)."""
+    folders = {str(entry.path): entry.id, str(entry.path.resolve()): entry.id}
+    return without_paths(f"{type(error).__name__}: {error}", folders)
 
 
 # What a route asks of a model of the other kind: a 400 that says where to go instead.
@@ -346,7 +354,7 @@ class EnginePool(Relief):
                                              "Retry when memory is available."))
         except Exception as e:  # noqa: BLE001 - any load failure is cached and shown to clients
             log.warning("loading %s failed: %s", entry.id, e)
-            entry.state, entry.engine, entry.failure = State.FAILED, None, f"{type(e).__name__}: {e}"
+            entry.state, entry.engine, entry.failure = State.FAILED, None, _shown_failure(entry, e)
             future.set_exception(ModelUnavailable(f"The model '{entry.id}' failed to load: {entry.failure}",
                                                   param="model"))
         else:

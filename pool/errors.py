@@ -26,6 +26,16 @@ class BadRequest(PoolError):
     status, type = 400, "invalid_request_error"
 
 
+class ContextLengthExceeded(BadRequest):
+    """The prompt, or the prompt and the max_tokens asked for, cannot fit the model's context. The
+    message is OpenAI's wording; `anthropic_message` is Anthropic's, for the Messages routes."""
+    code = "context_length_exceeded"
+
+    def __init__(self, message: str, *, anthropic_message: str, **kw):
+        super().__init__(message, **kw)
+        self.anthropic_message = anthropic_message
+
+
 class Unauthorized(PoolError):
     status, type, code = 401, "authentication_error", "invalid_api_key"
 

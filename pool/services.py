@@ -25,6 +25,7 @@ from django.db import DatabaseError, connection, transaction
 from . import storage
 from .errors import BadRequest
 from .models import EvictionEvent, ModelSettings
+from .strict_json import has_lone_surrogate
 
 # A history write waits this long for another process's lock, then the row is kept for later:
 # an unload or an enforcer action must not wait OMLX_DB_BUSY_TIMEOUT for its record.
@@ -73,6 +74,8 @@ def coerce_settings(body: Any) -> dict[str, Any]:
             raise BadRequest(f"'{key}' must be a number", param=key)
         if kind is str and not isinstance(value, str):
             raise BadRequest(f"'{key}' must be a string", param=key)
+        if kind is str and has_lone_surrogate(value):     # SQLite cannot store it (a 500 otherwise)
+            raise BadRequest(f"'{key}' holds a lone surrogate (\\ud800-\\udfff without its pair)", param=key)
         clean[name] = value
     if clean.get("alias") == "":
         clean["alias"] = None

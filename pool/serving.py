@@ -3,7 +3,9 @@
 `open_completion` admits the request (the gate memory pressure closes), takes a lease on its model
 (loading it, evicting others, if needed), waits for one of the model's concurrency slots
 (pool/concurrency.py), renders a chat's tools and tool history (pool.tools) and encodes the prompt
-on a worker thread, applies the prefill guard and starts generation. A forced tool call
+on a worker thread, fits it and max_tokens into the model's context (pool/policy/limits.py), applies
+the prefill guard and starts generation. A prompt too large for the context is refused by its size
+before it is tokenised; a request refused after it was tokenised trims the heap it left. A forced tool call
 (tool_choice "required" or a named function) is a tool-call constraint. `count_tokens` renders
 and encodes the same prompt without a slot or generation. The `Completion` it returns yields the engine's chunks with
 engine errors mapped to the pool's domain errors, and `aclose()` releases everything. Routes parse
@@ -16,14 +18,19 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
+from jinja2 import TemplateError
+
 from .admission import Admission
+from .capabilities import model_card
 from .discovery import CHAT
 from .engine_pool import EnginePool
 # the constraints a request can carry, for the routes (which never import an engine module)
 from .engines.constraints import UnsupportedSchema, json_object, json_schema, tool_calls  # noqa: F401
 from .engines.constraints import prepare as prepare_grammar
+from .engines.native import trim_native_heap
 from .engines.types import Chunk, EngineError, EngineLike, RequestAborted, SamplingParams
-from .errors import BadRequest, EngineFailure, ModelQueueFull, ServiceUnavailable
+from .errors import BadRequest, ContextLengthExceeded, EngineFailure, ModelQueueFull, ServiceUnavailable
+from .policy import limits
 from .policy.kv import KVConfig, KVFieldError, kv_config
 from .policy.vocabulary import Rejection
 from .tools import ToolFormat, ToolRequest, prepare_messages, request_format, tool_format
@@ -103,11 +110,14 @@ class Serving:
     async def open_completion(self, spec: CompletionSpec) -> Completion:
         entry = self.pool.resolve(spec.model)
         self.pool.require_kind(entry, CHAT)      # an embedding model: a 400 at once, before any wait
+        context = self._context(entry)
+        _check_prompt_size(spec, context, self.pool.conf.prompt_chars_per_token)   # before any wait or load
         tool_request = _tool_request(spec)
         constraint = _forced_call(tool_request) or spec.constraint   # a forced call outranks response_format
         self._refuse_if_queue_full(entry.id)     # at once: before any admission wait, lease or load
         await self.admission.admit()
         stack = AsyncExitStack()
+        tokens = None
         try:
             engine = await stack.enter_async_context(self.pool.lease(entry.id, keep_alive=spec.keep_alive))
             # The slot is taken after the lease. A request queues only while the model runs its
@@ -123,6 +133,7 @@ class Serving:
             kv = _kv(spec, entry.settings, engine.model_info)
             _check_logit_bias(spec, getattr(engine, "vocab_size", None))
             fmt, tokens = await _prompt(engine, spec, tool_request)
+            max_tokens = _fit_context(spec, len(tokens), context, entry.settings)
             if constraint is not None and getattr(engine, "tokenizer", None) is not None:
                 # the tokenizer's grammar tables (about 1 s, once per model) are built here rather
                 # than on the engine thread, where they would stall the model's running streams
@@ -131,10 +142,14 @@ class Serving:
             self.admission.check_prefill(entry.id, engine.model_info, len(tokens) * spec.n, self.pool.views(),
                                          param=spec.prompt_param, kv=kv)
             shown = tool_request is not None and tool_request.shown
-            return Completion(entry.id, engine, tokens, _sampling(spec, entry.settings, kv, constraint), stack,
-                              tool_format=fmt if shown else None, tool_request=tool_request)
-        except BaseException:
+            return Completion(entry.id, engine, tokens, _sampling(spec, entry.settings, kv, max_tokens, constraint),
+                              stack, tool_format=fmt if shown else None, tool_request=tool_request)
+        except BaseException as e:
             await stack.aclose()
+            if tokens is not None and isinstance(e, BadRequest):
+                # what tokenising a refused prompt freed stays in glibc's heap until trimmed
+                tokens = None
+                await asyncio.to_thread(trim_native_heap)
             raise
 
     async def count_tokens(self, spec: CompletionSpec) -> int:
@@ -143,11 +158,17 @@ class Serving:
         and generates nothing."""
         entry = self.pool.resolve(spec.model)
         self.pool.require_kind(entry, CHAT)
+        _check_prompt_size(spec, self._context(entry), self.pool.conf.prompt_chars_per_token)
         tool_request = _tool_request(spec)
         await self.admission.admit()
         async with self.pool.lease(entry.id, keep_alive=spec.keep_alive) as engine:
             _, tokens = await _prompt(engine, spec, tool_request)
             return len(tokens)
+
+    def _context(self, entry) -> int:
+        """The model's context length (its config.json, read without loading it)."""
+        return limits.context_length(model_card(entry.path, entry.kind)["context_length"],
+                                     self.pool.conf.context_fallback)
 
     def _refuse_if_queue_full(self, model_id: str) -> None:
         try:
@@ -162,6 +183,32 @@ class Serving:
         except ModelQueueFull:                  # filled up while this request was loading the model
             self.admission.on_reject(Rejection.MODEL_QUEUE_FULL)
             raise
+
+
+def _check_prompt_size(spec: CompletionSpec, context: int, chars_per_token: int) -> None:
+    """Refuse, before tokenising, a prompt too long to fit the context (tokenising a 10 MB prompt
+    took 24 s and left 641 MiB resident; lone surrogates never get here: pool/strict_json.py)."""
+    chars, limit = limits.prompt_chars(spec.messages, spec.prompt), limits.max_prompt_chars(context, chars_per_token)
+    if chars > limit:
+        openai, anthropic = limits.size_messages(chars=chars, limit=limit, context=context,
+                                                 chars_per_token=chars_per_token, prompt_param=spec.prompt_param)
+        raise ContextLengthExceeded(openai, anthropic_message=anthropic, param=spec.prompt_param,
+                                    context_length=context, prompt_characters=chars)
+
+
+def _fit_context(spec: CompletionSpec, prompt_tokens: int, context: int, defaults: dict) -> int:
+    """The max_tokens the engine gets: the client's if it fits beside the prompt, else a 400; a
+    default lowered to what fits."""
+    default = defaults.get("max_tokens") or DEFAULT_MAX_TOKENS
+    fit = limits.fit_context(prompt_tokens=prompt_tokens, requested=spec.max_tokens, default=int(default),
+                             context=context)
+    if fit.refused is None:
+        return fit.max_tokens
+    words = dict(context=context, prompt_tokens=prompt_tokens, max_tokens=spec.max_tokens)
+    param = spec.prompt_param if fit.refused == limits.PROMPT else "max_tokens"
+    raise ContextLengthExceeded(limits.openai_message(fit.refused, prompt_param=spec.prompt_param, **words),
+                                anthropic_message=limits.anthropic_message(fit.refused, **words), param=param,
+                                context_length=context, prompt_tokens=prompt_tokens)
 
 
 def _tool_request(spec: CompletionSpec) -> ToolRequest | None:
@@ -214,7 +261,12 @@ async def _encode(engine: EngineLike, spec: CompletionSpec, messages: list[dict]
             return await asyncio.to_thread(engine.encode_chat, messages)
         return await asyncio.to_thread(engine.encode_text, spec.prompt)
     except Exception as e:  # noqa: BLE001 - input the tokenizer rejects is the client's to fix
-        what = "chat template rejected the messages" if spec.messages is not None else "tokenizer rejected the prompt"
+        if spec.messages is None:
+            what = "tokenizer rejected the prompt"
+        elif isinstance(e, TemplateError):
+            what = "chat template rejected the messages"
+        else:
+            what = "tokenizer rejected the messages"
         raise BadRequest(f"The model's {what}: {e}", param=spec.prompt_param) from None
 
 
@@ -236,12 +288,13 @@ def _check_logit_bias(spec: CompletionSpec, vocab_size: int | None) -> None:
                          f"(0 to {vocab_size - 1})", param="logit_bias")
 
 
-def _sampling(spec: CompletionSpec, defaults: dict, kv: KVConfig, constraint: Any = None) -> SamplingParams:
+def _sampling(spec: CompletionSpec, defaults: dict, kv: KVConfig, max_tokens: int,
+              constraint: Any = None) -> SamplingParams:
     def pick(value, name, fallback):
         if value is not None:
             return value
         return defaults.get(name) if defaults.get(name) is not None else fallback
-    return SamplingParams(max_tokens=int(pick(spec.max_tokens, "max_tokens", DEFAULT_MAX_TOKENS)),
+    return SamplingParams(max_tokens=max_tokens,
                           temperature=float(pick(spec.temperature, "temperature", 0.0)),
                           top_p=float(pick(spec.top_p, "top_p", 1.0)), stop=spec.stop, seed=spec.seed,
                           cache_prompt=spec.cache_prompt, kv=kv, n=spec.n, logit_bias=spec.logit_bias,

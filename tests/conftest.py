@@ -178,7 +178,7 @@ class BackgroundStream:
         self._thread.start()
 
     def _run(self, server: Server, model: str) -> None:
-        body = {"model": model, "prompt": "x", "max_tokens": 100000, "stream": True}
+        body = {"model": model, "prompt": "x", "max_tokens": 8000, "stream": True}   # fits the 8192 context
         with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=server.headers,
                           timeout=60) as r:
             for line in r.iter_lines():

@@ -1,6 +1,8 @@
 """Anthropic's Messages API: POST /v1/messages (SSE events when streaming) and
 POST /v1/messages/count_tokens, through the same serving door as the OpenAI routes. Errors come in
-Anthropic's envelope, 529 where the OpenAI routes answer 503."""
+Anthropic's envelope, 529 where the OpenAI routes answer 503; a prompt or max_tokens beyond the
+model's context in Anthropic's words. A stream sends `ping` events every OMLX_SSE_KEEPALIVE seconds
+until its first token (pool/api/keepalive.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import logging
 
 from django.http import JsonResponse, StreamingHttpResponse
 
-from ..errors import PoolError
+from ..errors import BadRequest, ContextLengthExceeded, PoolError
 from ..runtime import get_runtime
 from ..serving import Completion, CompletionSpec
 from ..tools import ToolCall, ToolStream
@@ -17,6 +19,7 @@ from .anthropic_events import EventStream, Text, sse
 from .anthropic_parse import parse_count_tokens, parse_messages, read_body
 from .auth import require_key
 from .errors import ANTHROPIC, INTERNAL, sse_error
+from .keepalive import KEEPALIVE, until_first
 from .route import api_route
 
 log = logging.getLogger("pool.api")
@@ -25,7 +28,7 @@ log = logging.getLogger("pool.api")
 @api_route("POST", auth=require_key, errors=ANTHROPIC)
 async def messages(request):
     req = parse_messages(read_body(request))
-    completion = await get_runtime().serving.open_completion(req.spec)
+    completion = await _in_anthropic_words(get_runtime().serving.open_completion(req.spec))
     reader = _reader(req.spec, completion)
     if not req.stream:
         async with completion:
@@ -43,7 +46,15 @@ async def messages(request):
 @api_route("POST", auth=require_key, errors=ANTHROPIC)
 async def count_tokens(request):
     spec = parse_count_tokens(read_body(request))
-    return JsonResponse({"input_tokens": await get_runtime().serving.count_tokens(spec)})
+    return JsonResponse({"input_tokens": await _in_anthropic_words(get_runtime().serving.count_tokens(spec))})
+
+
+async def _in_anthropic_words(call):
+    """A context refusal worded as Anthropic words it (Claude Code reads its numbers and retries)."""
+    try:
+        return await call
+    except ContextLengthExceeded as e:
+        raise BadRequest(e.anthropic_message, param=e.param, code=e.code) from None
 
 
 # ---- the answer ----------------------------------------------------------------------------------
@@ -103,7 +114,10 @@ async def _stream(completion: Completion, reader):
         for event in stream.start():
             yield sse(*event)
         try:
-            async for chunk in completion.chunks():
+            async for chunk in until_first(completion.chunks(), get_runtime().settings.sse_keepalive):
+                if chunk is KEEPALIVE:
+                    yield sse("ping", {"type": "ping"})
+                    continue
                 events = [e for piece in reader.feed(chunk.text) for e in stream.feed(piece)]
                 if chunk.finish_reason is not None:
                     events += [e for piece in reader.finish() for e in stream.feed(piece)]

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 
 from django.core.exceptions import RequestDataTooBig
 
+from ..conf import get_settings
 from ..errors import BadRequest, PoolError
+from ..policy.limits import stop_problem
 from ..serving import CompletionSpec
-from .parse import _flag, _int, _number, json_body
+from .parse import _flag, _int, _number, check_count, json_body
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 # Blocks a client sends back from an earlier answer that a local model cannot use: dropped.
@@ -73,6 +75,9 @@ def stop_sequences(value) -> tuple[str, ...]:
         return ()
     if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
         raise BadRequest("stop_sequences: must be a list of strings", param="stop_sequences")
+    problem = stop_problem(value, max_count=None, max_chars=get_settings().max_stop_length)
+    if problem:
+        raise BadRequest(f"stop_sequences: {problem}", param="stop_sequences")
     return tuple(s for s in value if s)
 
 
@@ -82,6 +87,7 @@ def chat_messages(system, messages) -> list[dict]:
     """Anthropic's `system` and `messages` -> OpenAI-style chat messages."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages: must be a non-empty list", param="messages")
+    check_count(messages, "messages", get_settings().max_messages, where="messages:")
     out = []
     system_text = _system(system)
     if system_text:
@@ -226,6 +232,7 @@ def openai_tools(tools) -> tuple[dict, ...]:
         return ()
     if not isinstance(tools, list):
         raise BadRequest("tools: must be a list", param="tools")
+    check_count(tools, "tools", get_settings().max_tools, where="tools:")
     out, seen = [], set()
     for i, tool in enumerate(tools):
         where = f"tools.{i}"

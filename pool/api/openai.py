@@ -2,7 +2,10 @@
 
 A chat request with tools (tool_choice not "none") has its answer split into content and tool calls
 by pool.tools: `message.tool_calls` when whole, `delta.tool_calls` chunks (one ToolStream per choice)
-when streamed, and finish_reason "tool_calls" when the answer holds a call."""
+when streamed, and finish_reason "tool_calls" when the answer holds a call.
+
+A stream sends an SSE comment (`: keep-alive`) every OMLX_SSE_KEEPALIVE seconds until its first
+token, so a client with a read timeout waits out a long prompt (pool/api/keepalive.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from ..serving import Completion
 from ..tools import ToolCall, ToolStream, finish_reason, split_tool_calls
 from .auth import require_key
 from .errors import sse_error
+from .keepalive import KEEPALIVE, OPENAI_COMMENT, until_first
 from .parse import json_body, parse_completion
 from .route import api_route
 
@@ -244,7 +248,10 @@ async def _stream(completion: Completion, shape: _Shape, include_usage: bool):
         finals = {}
         tools = _ToolEvents(shape, completion) if completion.tool_format is not None else None
         try:
-            async for chunk in completion.chunks():
+            async for chunk in until_first(completion.chunks(), get_runtime().settings.sse_keepalive):
+                if chunk is KEEPALIVE:
+                    yield OPENAI_COMMENT
+                    continue
                 if tools is not None:
                     for event in tools.events(chunk):
                         yield event

@@ -1,4 +1,6 @@
-"""Request bodies of the OpenAI routes -> plain, validated values. Errors name the field."""
+"""Request bodies of the OpenAI routes -> plain, validated values. Errors name the field. The
+documented limits on counts and lengths (OMLX_MAX_MESSAGES, OMLX_MAX_TOOLS, OMLX_MAX_STOP_LENGTH,
+pool/policy/limits.py) are checked here, before any model is touched."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 
-from ..conf import parse_duration
+from ..conf import get_settings, parse_duration
 from ..errors import BadRequest
 from ..policy import kv
+from ..policy.limits import stop_problem, too_many
 from ..serving import CompletionSpec
 from ..strict_json import loads_strict
 from ..tools import FALLBACK, parse_tool_request, prepare_messages
@@ -22,6 +25,7 @@ MAX_CHOICES = 8              # `n`: each choice holds its own copy of the prompt
 MAX_TOP_LOGPROBS = 20        # chat's `top_logprobs` (OpenAI's limit)
 MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' `logprobs` (OpenAI's limit)
 MAX_LOGIT_BIAS = 300         # entries in `logit_bias` (OpenAI's limit)
+MAX_STOP = 4                 # stop strings (OpenAI's limit)
 _TOKEN_ID = re.compile(r"[0-9]{1,9}")
 
 
@@ -81,10 +85,20 @@ def _stop(body) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
-        return (value,) if value else ()
-    if isinstance(value, list) and len(value) <= 4 and all(isinstance(s, str) for s in value):
-        return tuple(s for s in value if s)
-    raise BadRequest("'stop' must be a string or a list of at most 4 strings", param="stop")
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise BadRequest("'stop' must be a string or a list of at most 4 strings", param="stop")
+    problem = stop_problem(value, max_count=MAX_STOP, max_chars=get_settings().max_stop_length)
+    if problem:
+        raise BadRequest(f"'stop': {problem}", param="stop")
+    return tuple(s for s in value if s)
+
+
+def check_count(value, name: str, limit: int, where: str | None = None) -> None:
+    """A list longer than its documented limit: a 400 naming the field."""
+    problem = too_many(len(value), limit) if isinstance(value, list) else None
+    if problem:
+        raise BadRequest(f"{where or repr(name)} {problem}", param=name)
 
 
 def _content(message: dict, i: int) -> str:
@@ -109,6 +123,7 @@ def _messages(body) -> list[dict]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list", param="messages")
+    check_count(messages, "messages", get_settings().max_messages)
     clean = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
@@ -169,6 +184,7 @@ def _positive(body, name: str) -> float | None:
 
 def _chat_tools(body) -> dict:
     """`tools`, `tool_choice`, `parallel_tool_calls` (checked by pool.tools) and `response_format`."""
+    check_count(body.get("tools"), "tools", get_settings().max_tools)
     tools = parse_tool_request(body)
     fields = {"tools": tools.tools, "tool_choice": tools.tool_choice,
               "parallel_tool_calls": tools.parallel_tool_calls} if tools is not None else {}
