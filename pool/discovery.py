@@ -73,7 +73,8 @@ def dense_size(path: Path) -> int | None:
     pool.engines.dequantize loads), from config.json's `quantization` and the safetensors headers,
     without reading a weight. None when the folder is not quantized or cannot be read."""
     try:
-        quant = json.loads((path / "config.json").read_text()).get("quantization")
+        config = json.loads((path / "config.json").read_text())
+        quant = config.get("quantization") if isinstance(config, dict) else None
         if not isinstance(quant, dict):
             return None
         tensors = {}
