@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from django.http import JsonResponse, StreamingHttpResponse
+from django.http import JsonResponse
 
 from ..errors import BadRequest, ContextLengthExceeded, PoolError
 from ..runtime import get_runtime
@@ -21,6 +21,7 @@ from .auth import require_key
 from .errors import ANTHROPIC, INTERNAL, sse_error
 from .keepalive import KEEPALIVE, until_first
 from .route import api_route
+from .sse import event_stream
 
 log = logging.getLogger("pool.api")
 
@@ -34,13 +35,7 @@ async def messages(request):
         async with completion:
             return JsonResponse(await _collect(completion, reader))
     events = _stream(completion, reader)
-    try:
-        first = await events.__anext__()  # inside its `async with`: a dropped response still releases the lease
-    except BaseException:
-        await completion.aclose()
-        raise
-    return StreamingHttpResponse(_prepend(first, events), content_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return await event_stream(completion, events)
 
 
 @api_route("POST", auth=require_key, errors=ANTHROPIC)
@@ -133,8 +128,3 @@ async def _stream(completion: Completion, reader):
             log.exception("unexpected error in a stream", exc_info=e)
             yield sse_error(PoolError(INTERNAL, code="internal_error"), ANTHROPIC)
 
-
-async def _prepend(first, rest):
-    yield first
-    async for item in rest:
-        yield item

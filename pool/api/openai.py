@@ -15,7 +15,7 @@ import uuid
 
 from dataclasses import replace
 
-from django.http import JsonResponse, StreamingHttpResponse
+from django.http import JsonResponse
 
 from ..capabilities import model_card
 from ..errors import PoolError
@@ -25,6 +25,7 @@ from ..tools import ToolCall, ToolStream, finish_reason, split_tool_calls
 from .auth import require_key
 from .errors import sse_error
 from .keepalive import KEEPALIVE, OPENAI_COMMENT, until_first
+from .sse import event_stream
 from .parse import json_body, parse_completion
 from .route import api_route
 
@@ -66,13 +67,7 @@ async def _complete(request, *, chat: bool):
         async with completion:
             return JsonResponse(await _collect(completion, shape))
     events = _stream(completion, shape, req.include_usage)
-    try:
-        first = await events.__anext__()  # inside its `async with`: a dropped response still releases the lease
-    except BaseException:
-        await completion.aclose()
-        raise
-    return StreamingHttpResponse(_prepend(first, events), content_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return await event_stream(completion, events)
 
 
 _MARK = "\x00text"    # stands for the text in text_event's template; no JSON encodes anything else so
@@ -267,8 +262,3 @@ async def _stream(completion: Completion, shape: _Shape, include_usage: bool):
             yield sse_error(e)
         yield b"data: [DONE]\n\n"
 
-
-async def _prepend(first, rest):
-    yield first
-    async for item in rest:
-        yield item
