@@ -156,6 +156,8 @@ SETTINGS: list[Setting] = [
             "requests that may wait for one model's slot (first come first served); beyond that a 503"),
     Setting("OMLX_PREFILL_STEP", "512", positive_int,
             "prompt tokens read per step; running streams decode a token between two steps (memory pressure lowers it)"),
+    Setting("OMLX_LOAD_GROUP_BYTES", "64MiB", parse_size,
+            "weight bytes evaluated at a time while a model loads: smaller groups hold other models' streams up for less, larger ones load faster"),
     Setting("OMLX_SSE_KEEPALIVE", "10", optional_duration,
             "seconds between SSE keep-alives (`: keep-alive` comments; `ping` events on /v1/messages) while a stream waits for its first token; `off` or 0 = none"),
     Setting("OMLX_CONTEXT_FALLBACK", "32768", positive_int,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
+from .engines.types import RequestAborted
 from .policy.pressure import next_cache_fraction, prefill_step
 from .policy.units import format_bytes
 from .policy.vocabulary import ActionKind, Level, ModelState, Reason
@@ -78,8 +79,14 @@ class Relief:
         cap = int(self.prompt_cache_cap() * self.cache_fraction)
         freed_total = 0
         for entry in sorted(self._loaded_entries(), key=lambda e: (e.last_access, e.id)):
+            engine = entry.engine     # each await below lets other models load and unload meanwhile
+            if entry.state != ModelState.LOADED or engine is None:
+                continue
             before = self.probe.read().usage
-            freed = await entry.engine.shrink_prompt_cache(cap_bytes=cap, free_bytes=max(0, free_bytes - freed_total))
+            try:
+                freed = await engine.shrink_prompt_cache(cap_bytes=cap, free_bytes=max(0, free_bytes - freed_total))
+            except RequestAborted:    # unloaded while the call waited: nothing of it left to shrink
+                continue
             if freed:
                 freed_total += freed
                 await self.events.record(action=ActionKind.RECLAIM, reason=Reason.CACHE_RECLAIM, model_id=entry.id,

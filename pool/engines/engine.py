@@ -83,6 +83,8 @@ class Engine:
         self._prompt_cache: PromptCache | None = None    # made on the engine thread (the disk tier reads files)
         self.cache_stats = CacheStats()
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._closed = False                      # the thread takes no more commands (see _close)
+        self._closing = threading.Lock()
         self._thread: threading.Thread | None = None
         self._model = None
         self._tokenizer = None
@@ -133,13 +135,21 @@ class Engine:
 
     def abort_all(self, message: str, code: str = "request_aborted") -> None:
         """End every running request with `RequestAborted(message, code)`; the model stays loaded."""
-        self._commands.put(_Command("abort_all", error=RequestAborted(message, code)))
+        self._put(_Command("abort_all", error=RequestAborted(message, code)))
 
     async def _send(self, kind: str, **kw) -> Any:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self._commands.put(_Command(kind, future=fut, loop=loop, **kw))
+        if not self._put(_Command(kind, future=fut, loop=loop, **kw)):
+            raise RequestAborted("the model was unloaded", "model_unloaded")
         return await fut
+
+    def _put(self, cmd: _Command) -> bool:
+        """Queue a command for the engine thread; False once the thread takes no more."""
+        with self._closing:
+            if not self._closed:
+                self._commands.put(cmd)
+        return not self._closed
 
     # ---- prompts ---------------------------------------------------------------------------
 
@@ -174,7 +184,8 @@ class Engine:
         first = Request(tokens=tokens, params=params, loop=loop)
         choices = [first] + [Request(tokens=tokens, params=params, loop=loop, ready=first.ready,
                                      arrived=first.arrived, index=i) for i in range(1, params.n)]
-        self._commands.put(_Command("insert", requests=choices))
+        if not self._put(_Command("insert", requests=choices)):
+            raise RequestAborted("the model was unloaded", "model_unloaded")
         unfinished = len(choices)
         try:
             while True:
@@ -194,7 +205,7 @@ class Engine:
         finally:
             for req in choices:
                 if not req.done:
-                    self._commands.put(_Command("cancel", request=req))
+                    self._put(_Command("cancel", request=req))
 
     # ---- the engine thread -----------------------------------------------------------------
 
@@ -215,8 +226,29 @@ class Engine:
             _resolve(load_cmd, result)
             self._serve()
         finally:
+            self._close()
             mx.synchronize()
             mx.clear_streams()  # without this ~13% of processes abort at exit
+
+    def _close(self) -> None:
+        """Take no more commands and answer those still queued: a caller that raced the unload
+        (the enforcer shrinking caches, a request arriving) gets an error, never a wait forever."""
+        with self._closing:
+            self._closed = True
+        gone = RequestAborted("the model was unloaded", "model_unloaded")
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if cmd.kind == "insert":
+                for req in cmd.requests:
+                    self._outbox.emit(req, gone)
+            elif cmd.kind == "stop":
+                _resolve(cmd, ReleaseResult(0, 0, 0, 0))
+            else:
+                _resolve(cmd, error=gone)
+        self._outbox.flush()
 
     def _load(self, memory_free: threading.Event | None) -> LoadResult:
         started = time.perf_counter()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
 import mlx.core as mx
@@ -12,11 +14,9 @@ from mlx.utils import tree_flatten
 from mlx_lm.generate import generation_stream
 from mlx_lm.utils import load_model, load_tokenizer
 
+from ..conf import get_settings
 from .dequantize import dequantize_for_cpu
 from .native import ACCOUNTING
-
-
-EVAL_GROUP_BYTES = 64 * 2**20
 
 
 def load_weights(path: Path):
@@ -32,26 +32,58 @@ def open_model(path: Path):
     eos = json.loads((path / "config.json").read_text()).get("eos_token_id")
     # The tokenizer first, the weights last: the memory arrives at the very end of the load,
     # where the load's wake-up lets the enforcer see it at once.
-    tokenizer = load_tokenizer(path, eos_token_ids=eos)
+    tokenizer = tokenizer_for(path, eos)
     _read_ahead(path)
     model, config = load_model(path, lazy=True)
     model, config = dequantize_for_cpu(model, config, path)   # float32 on the CPU backend, when it fits
     return model, tokenizer, config
 
 
+TOKENIZERS_KEPT = 8
+_tokenizers: OrderedDict[tuple, object] = OrderedDict()
+_tokenizers_lock = threading.Lock()
+
+
+def tokenizer_for(path: Path, eos):
+    """mlx-lm's tokenizer for a model folder, kept for the TOKENIZERS_KEPT most recently loaded
+    folders: a reload after an eviction reuses it while the folder's files are unchanged.
+    Building one holds the GIL inside native code (transformers' AutoTokenizer, json) for up to a few
+    hundred ms at a stretch (measured on the 2-core VM: 200-500 ms), which stalls every other model's
+    stream whatever the switch interval; the wrapper is safe to share (each request copies its
+    detokenizer)."""
+    key = (str(path.resolve()), json.dumps(eos), _stamp(path))
+    with _tokenizers_lock:
+        if key in _tokenizers:
+            _tokenizers.move_to_end(key)
+            return _tokenizers[key]
+    tokenizer = load_tokenizer(path, eos_token_ids=eos)
+    with _tokenizers_lock:
+        _tokenizers[key] = tokenizer
+        while len(_tokenizers) > TOKENIZERS_KEPT:
+            _tokenizers.popitem(last=False)
+    return tokenizer
+
+
+def _stamp(path: Path) -> tuple:
+    """What a tokenizer is built from: every file of the folder but the weights, by size and mtime."""
+    return tuple(sorted((f.name, st.st_size, st.st_mtime_ns) for f in path.iterdir()
+                        if f.suffix != ".safetensors" and f.is_file() and (st := f.stat())))
+
+
 def fill_weights(model) -> int:
     """Evaluate every weight; returns their bytes."""
-    # In groups of about EVAL_GROUP_BYTES. An eval holds the GIL while it reads, so one eval of every
+    # In groups of about OMLX_LOAD_GROUP_BYTES. An eval holds the GIL while it reads, so one eval of every
     # weight stalls the event loop and the other engines for the whole read (measured: 109 ms gaps
     # for a 1.2 GB model); one tensor at a time pays each eval's fixed cost per tensor (1.3x slower
     # loads on a GPU). Measured on a 640 MB file from the page cache (2 CPU cores): one tensor
     # (16 MB) at a time 705 ms, p99 stall of another thread 3 ms, worst 76 ms; 64 MB groups 325 ms,
     # 17 ms and 24 ms; one eval 397 ms, 36 ms and 42 ms.
+    group_bytes = get_settings().load_group_bytes
     group, size, total = [], 0, 0
     for _, weight in tree_flatten(model.parameters()):
         group.append(weight)
         size += weight.nbytes
-        if size >= EVAL_GROUP_BYTES:
+        if size >= group_bytes:
             with ACCOUNTING:
                 mx.eval(group)
             group, total, size = [], total + size, 0

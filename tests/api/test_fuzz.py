@@ -353,9 +353,9 @@ ROUTES = {   # path -> (envelope, base body, fields)
     "/api/rediscover": (OPENAI, {}, {}),
     "/api/enforcer/tick": (OPENAI, {}, {}),
 }
-EXAMPLES = {"/v1/chat/completions": 70, "/v1/completions": 40, "/v1/messages": 50, "/v1/messages/count_tokens": 25,
-            "/v1/embeddings": 30, f"/admin/model/{TINY}/settings": 50, f"/api/models/{TINY}/load": 6,
-            f"/api/models/{TINY}/unload": 6, "/api/rediscover": 4, "/api/enforcer/tick": 4}
+EXAMPLES = {"/v1/chat/completions": 40, "/v1/completions": 20, "/v1/messages": 30, "/v1/messages/count_tokens": 15,
+            "/v1/embeddings": 15, f"/admin/model/{TINY}/settings": 30, f"/api/models/{TINY}/load": 4,
+            f"/api/models/{TINY}/unload": 4, "/api/rediscover": 3, "/api/enforcer/tick": 3}
 FUZZ = settings(derandomize=True, database=None, deadline=None, print_blob=False,
                 phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
 

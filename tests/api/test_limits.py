@@ -62,7 +62,7 @@ def server(tmp_path_factory, migrated_db, demo_model_dir):
     _broken_model(models / BROKEN, demo_model_dir)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_")}
     env.update(OMLX_HOME=str(home), OMLX_MODEL_DIRS=str(models), PYTHONUNBUFFERED="1", OMLX_SHUTDOWN_GRACE="2",
-               OMLX_SSE_KEEPALIVE="0.5")
+               OMLX_SSE_KEEPALIVE="0.2")
     s = Server(home, free_port(), env).start()
     yield s
     assert s.stop() == 0, s.log_text()[-3000:]
@@ -197,7 +197,7 @@ def test_a_body_over_the_size_limit_is_refused(server):
 # ---- keep-alives while a long prompt is read ----------------------------------------------------------
 
 def _long_prompt() -> str:
-    return _words(1500)        # a second or more of prefill for the demo model on a CPU
+    return _words(450)         # a second or more of prefill for the demo model on a CPU: five keep-alives or more
 
 
 def test_openai_stream_sends_comments_until_the_first_token(server):

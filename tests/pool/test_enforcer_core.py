@@ -196,3 +196,28 @@ async def test_the_prefill_step_shrinks_under_pressure(models, base, step):
     assert core.engines.engines["a"].prefill_step == core.pool.prefill_step == step
     await core.pool.load("c")                                            # a model loaded now starts with it
     assert core.engines.engines["c"].prefill_step == step
+
+
+async def test_a_model_unloaded_while_the_caches_are_walked_is_skipped(models):
+    """Each shrink is an await: another model can go meanwhile (seen in the soak: the tick failed
+    on the unloaded model's missing engine, or would wait forever on its stopped thread)."""
+    core = Core(models, memory_ceiling=CEILING, prompt_cache_bytes=300 * MB)
+    await loaded(core, "a", "b", "c")                                    # a used least recently
+    for name in "abc":
+        core.engines.engines[name].fill_prompt_cache(100 * MB)
+    a, b = core.engines.engines["a"], core.engines.engines["b"]
+    shrink_a = a.shrink_prompt_cache
+
+    async def shrink_then_unload_b(**kw):
+        freed = await shrink_a(**kw)
+        await core.pool.unload("b")                                      # b goes while a's shrink returns
+        return freed
+
+    async def gone(**kw):
+        raise AssertionError("the unloaded model's engine was called")
+    a.shrink_prompt_cache, b.shrink_prompt_cache = shrink_then_unload_b, gone
+    core.memory.base = 660 * MB                                          # 960 MB: hard
+    await core.enforcer.tick()
+    assert core.states() == {"a": "loaded", "b": "unloaded", "c": "loaded"}
+    assert ("reclaim", "cache_reclaim", "a") in core.events()
+    assert not [e for e in core.events() if e[0] == "reclaim" and e[2] == "b"]
