@@ -61,13 +61,18 @@ class Relief:
         """Free what costs nothing, cheapest to lose first: prompt cache entries of the least recently
         used models (down to the walked cap, and further until usage is at most `target_usage`),
         then MLX's buffer cache and glibc's free pages. Each shrink is an event; returns bytes freed."""
+        from .engines.loading import forget_tokenizers
         from .engines.native import reclaim_cache
 
         need = max(0, self.probe.read().usage - target_usage) if target_usage is not None else 0
         freed_caches = await self._shrink_prompt_caches(free_bytes=need)
         before = self.probe.read()
+        forget_tokenizers()
         engine = next(iter(self._loaded_engines()), None)
-        await (engine.call(reclaim_cache) if engine is not None else asyncio.to_thread(reclaim_cache))
+        try:
+            await (engine.call(reclaim_cache) if engine is not None else asyncio.to_thread(reclaim_cache))
+        except RequestAborted:        # that model unloaded meanwhile, which cleared the cache itself
+            pass
         after = self.probe.read()
         freed = max(0, before.usage - after.usage)
         await self.events.record(action=ActionKind.RECLAIM, reason=Reason.CACHE_RECLAIM, bytes_before=before.usage,

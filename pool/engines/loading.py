@@ -64,6 +64,13 @@ def tokenizer_for(path: Path, eos):
     return tokenizer
 
 
+def forget_tokenizers() -> None:
+    """Drop the kept tokenizers (with their llguidance tables, tens of MB each): the enforcer's
+    first rung frees them with MLX's buffer cache. A loaded model's engine still holds its own."""
+    with _tokenizers_lock:
+        _tokenizers.clear()
+
+
 def _stamp(path: Path) -> tuple:
     """What a tokenizer is built from: every file of the folder but the weights, by size and mtime."""
     return tuple(sorted((f.name, st.st_size, st.st_mtime_ns) for f in path.iterdir()
