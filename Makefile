@@ -10,8 +10,10 @@ CHROMIUM ?= /usr/bin/chromium
 run: setup
 	$(PY) manage.py serve
 
+# Two workers: most tests spend their time waiting on a real server, so two files at a time fit 2 cores.
+TEST_WORKERS ?= 2
 test: setup browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 setup: $(STAMP) blas
 	$(PY) manage.py migrate --noinput -v 0

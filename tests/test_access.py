@@ -156,9 +156,9 @@ ROUTES = [("GET", "/v1/models", None),
           ("GET", "/api/telemetry", None), ("GET", "/metrics", None)]
 
 
-@pytest.fixture
-def keyed(start_server, make_model):
-    return start_server({TINY: make_model("tiny-20", 20)}, demo=False, OMLX_API_KEY=KEY)
+@pytest.fixture(scope="module")
+def keyed(module_server, make_model):
+    return module_server({TINY: make_model("tiny-20", 20)}, OMLX_API_KEY=KEY)
 
 
 def _call(server: Server, method: str, path: str, body, headers: dict, query: str = "") -> httpx.Response:
@@ -454,7 +454,8 @@ def test_slow_headers_and_silent_connections_are_closed_but_streams_are_not(star
 
 # ---- logs -----------------------------------------------------------------------------------------
 
-def test_no_key_prompt_or_completion_text_in_the_log(keyed):
+def test_no_key_prompt_or_completion_text_in_the_log(start_server, make_model):
+    keyed = start_server({TINY: make_model("tiny-20", 20)}, demo=False, OMLX_API_KEY=KEY)   # its own log
     marker = "Zebra-Quartz-Marker-7731"
     reply = keyed.chat(TINY, messages=[{"role": "user", "content": f"Say {marker} please"}], max_tokens=12)
     assert reply.status_code == 200

@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import DEMO, Server, free_port
+from tests.conftest import DEMO, Server
 
 IDLE = {"active_requests": 0, "running": 0, "queued": 0}
 
@@ -201,19 +201,11 @@ def test_kill_9_during_a_load_then_a_restart_keeps_everything(start_server, make
 # ---- clients that go away --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def one_slot(tmp_path_factory, migrated_db, demo_model_dir):
+def one_slot(module_server, demo_model_dir):
     """The demo model with one running request at a time (a second one queues)."""
-    home = tmp_path_factory.mktemp("faults-one-slot")
-    (home / "models").mkdir()
-    shutil.copy(migrated_db, home / "omlx.sqlite3")
-    (home / "models" / DEMO).symlink_to(demo_model_dir)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_")}
-    env.update(OMLX_HOME=str(home), OMLX_MODEL_DIRS=str(home / "models"), PYTHONUNBUFFERED="1",
-               OMLX_MAX_CONCURRENT="1", OMLX_SHUTDOWN_GRACE="2")
-    s = Server(home, free_port(), env).start()
+    s = module_server({DEMO: demo_model_dir}, OMLX_MAX_CONCURRENT=1)
     assert s.chat(DEMO).status_code == 200       # loaded
-    yield s
-    assert s.stop() == 0, s.log_text()[-3000:]
+    return s
 
 
 def send(server: Server, path: str, body: dict) -> socket.socket:

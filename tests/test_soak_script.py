@@ -14,8 +14,8 @@ from tests.conftest import DEMO, ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from soak_checks import (EndState, Sample, Summary, bad_5xx, failures, hard_overrun_ticks,  # noqa: E402
-                         summarize)
+from soak_checks import (EndState, Sample, Summary, all_loaded_once, bad_5xx, failures,  # noqa: E402
+                         hard_overrun_ticks, summarize)
 from soak_kinds import DROPPED, ERROR, OK, STREAM_ERROR, TIMEOUT, Result  # noqa: E402
 
 MB = 10**6
@@ -103,6 +103,28 @@ def test_summarize_counts_missing_history_and_leftover_requests():
     assert (s.evictions_unfreed, s.end_leases, s.end_requests) == (1, 1, 1)
     assert s.unanswered == {"chat timeout: no answer": 1}
     assert len(failures(s)) == 5, failures(s)
+
+
+@pytest.mark.parametrize("loaded, warm_at", [
+    ([("a",), ("a", "b"), ("b",), ("c",), ("a", "c")], 3.0),     # c loads first at t=3
+    ([("a",), ("a",), ("a",)], 0.0),
+    ([(), ("a",), ("b",)], 2.0),
+    ([], 0.0),
+])
+def test_rotations_count_once_every_model_has_loaded(loaded, warm_at):
+    assert all_loaded_once([Sample(float(t), True, True, loaded=names) for t, names in enumerate(loaded)]) == warm_at
+
+
+def test_the_first_rotation_is_taken_once_every_model_has_loaded():
+    """Growth while the first loads build what the server keeps per model is not a leak: with c's
+    late first load the early rotations (overhead 100 MB) are left out, and 200 -> 210 MB passes."""
+    samples = [Sample(float(t), True, True, rss=600 * MB, overhead=(100 if t < 12 else 200 + (t >= 30) * 10) * MB,
+                      loads=t, loaded=("a", "b") if t < 12 else ("b", "c")) for t in range(40)]
+    end = EndState(settled={"models": []}, flushed={"memory": {"active_bytes": 0}}, history=[],
+                   metrics_text="")
+    s = summarize([], samples, end, seconds=40, clients=1)
+    assert s.rotations_from == 12.0
+    assert (s.overhead_first_rotation, s.overhead_last_rotation) == (200 * MB, 210 * MB)
 
 
 def test_a_short_soak_against_the_real_server_passes(session_dir, demo_model_dir):

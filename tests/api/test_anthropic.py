@@ -2,8 +2,6 @@
 cases, then the routes through a real server with the official `anthropic` client."""
 
 import json
-import os
-import shutil
 import threading
 
 import anthropic
@@ -17,7 +15,7 @@ from pool.api.auth import given_keys
 from pool.api.errors import ANTHROPIC, OPENAI, envelope, error_response, sse_error, status, style_for_path
 from pool.errors import (BadRequest, EngineFailure, Forbidden, InsufficientMemory, MethodNotAllowed, ModelBusy,
                          ModelNotFound, ModelQueueFull, PoolError, ServiceUnavailable, Unauthorized)
-from tests.conftest import DEMO, Server, free_port
+from tests.conftest import DEMO
 
 KEY = "test-key-123"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -319,19 +317,10 @@ def test_given_keys(headers, keys):
 # ---- through a real server ----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, migrated_db, demo_model_dir):
+def server(module_server, demo_model_dir):
     """The demo model behind an API key; one running request per model and one waiting, so a third is
     refused at once (the 529 test)."""
-    home = tmp_path_factory.mktemp("anthropic-home")
-    (home / "models").mkdir()
-    shutil.copy(migrated_db, home / "omlx.sqlite3")
-    (home / "models" / DEMO).symlink_to(demo_model_dir)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_")}
-    env.update(OMLX_HOME=str(home), OMLX_MODEL_DIRS=str(home / "models"), PYTHONUNBUFFERED="1",
-               OMLX_API_KEY=KEY, OMLX_MAX_CONCURRENT="1", OMLX_QUEUE_PER_MODEL="1")
-    s = Server(home, free_port(), env).start()
-    yield s
-    assert s.stop() == 0, s.log_text()[-3000:]
+    return module_server({DEMO: demo_model_dir}, OMLX_API_KEY=KEY, OMLX_MAX_CONCURRENT=1, OMLX_QUEUE_PER_MODEL=1)
 
 
 def client(server, key=KEY, **kw) -> anthropic.Anthropic:

@@ -4,8 +4,6 @@ official openai client and plain HTTP, on the real all-MiniLM-L6-v2."""
 from __future__ import annotations
 
 import base64
-import os
-import shutil
 
 import numpy as np
 import openai
@@ -83,28 +81,9 @@ def test_base64_is_little_endian_float32():
 # ---- through the server ------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def minilm_dir(tmp_path_factory):
-    from pool.management.commands.prepare_demo import unpack_embedding_model
-
-    return unpack_embedding_model(tmp_path_factory.mktemp("embedding") / MINILM)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, migrated_db, demo_model_dir, minilm_dir):
+def server(module_server, demo_model_dir, minilm_dir):
     """The demo chat model and MiniLM, at most one of them loaded at a time."""
-    from tests.conftest import Server, free_port
-
-    home = tmp_path_factory.mktemp("embeddings-home")
-    (home / "models").mkdir()
-    shutil.copy(migrated_db, home / "omlx.sqlite3")
-    (home / "models" / DEMO).symlink_to(demo_model_dir)
-    (home / "models" / MINILM).symlink_to(minilm_dir)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_")}
-    env.update(OMLX_HOME=str(home), OMLX_MODEL_DIRS=str(home / "models"), OMLX_MAX_LOADED_MODELS="1",
-               PYTHONUNBUFFERED="1")
-    s = Server(home, free_port(), env).start()
-    yield s
-    assert s.stop() == 0, s.log_text()[-3000:]
+    return module_server({DEMO: demo_model_dir, MINILM: minilm_dir}, OMLX_MAX_LOADED_MODELS=1)
 
 
 SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.",

@@ -7,8 +7,6 @@ so a run is the same every time; findings are collected and reported together, w
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -269,23 +267,11 @@ def bodies(base: dict, fields: dict) -> st.SearchStrategy:
 # ---- the server and the probe -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, migrated_db, demo_model_dir, make_model):
-    from pool.management.commands.prepare_demo import unpack_embedding_model
-    from tests.conftest import Server, free_port
-
-    home = tmp_path_factory.mktemp("fuzz-home")
-    (home / "models").mkdir()
-    shutil.copy(migrated_db, home / "omlx.sqlite3")
-    (home / "models" / DEMO).symlink_to(demo_model_dir)
-    (home / "models" / TINY).symlink_to(make_model("tiny-20", 20))
-    (home / "models" / MINILM).symlink_to(unpack_embedding_model(tmp_path_factory.mktemp("fuzz-embedding") / MINILM))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_")}
-    env.update(OMLX_HOME=str(home), OMLX_MODEL_DIRS=str(home / "models"), PYTHONUNBUFFERED="1")
-    s = Server(home, free_port(), env).start()
+def server(module_server, demo_model_dir, make_model, minilm_dir):
+    s = module_server({DEMO: demo_model_dir, TINY: make_model("tiny-20", 20), MINILM: minilm_dir})
     # a body without max_tokens takes the model's default: keep it small too
     assert s.post(f"/admin/model/{DEMO}/settings", {"max_tokens": SMALL_MAX_TOKENS}).status_code == 200
-    yield s
-    assert s.stop() == 0, s.log_text()[-3000:]
+    return s
 
 
 @dataclass

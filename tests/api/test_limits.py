@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import time
 import uuid
@@ -20,7 +19,7 @@ import psutil
 import pytest
 
 from pool.api.keepalive import KEEPALIVE, until_first
-from tests.conftest import DEMO, Server, free_port
+from tests.conftest import DEMO
 
 CTX = "ctx256"              # the demo model with max_position_embeddings 256
 BROKEN = "broken"           # a folder whose weights file is garbage
@@ -52,20 +51,10 @@ def _broken_model(folder, demo_model_dir):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, migrated_db, demo_model_dir):
-    home = tmp_path_factory.mktemp("limits-home")
-    models = home / "models"
-    models.mkdir()
-    shutil.copy(migrated_db, home / "omlx.sqlite3")
-    (models / DEMO).symlink_to(demo_model_dir)
-    _ctx_model(models / CTX, demo_model_dir, 256)
-    _broken_model(models / BROKEN, demo_model_dir)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_")}
-    env.update(OMLX_HOME=str(home), OMLX_MODEL_DIRS=str(models), PYTHONUNBUFFERED="1", OMLX_SHUTDOWN_GRACE="2",
-               OMLX_SSE_KEEPALIVE="0.2")
-    s = Server(home, free_port(), env).start()
-    yield s
-    assert s.stop() == 0, s.log_text()[-3000:]
+def server(module_server, tmp_path_factory, demo_model_dir):
+    made = tmp_path_factory.mktemp("limits-models")
+    return module_server({DEMO: demo_model_dir, CTX: _ctx_model(made / CTX, demo_model_dir, 256),
+                          BROKEN: _broken_model(made / BROKEN, demo_model_dir)}, OMLX_SSE_KEEPALIVE="0.2")
 
 
 def _error(response: httpx.Response, status: int = 400) -> dict:

@@ -13,21 +13,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def server(request, tmp_path_factory, migrated_db, demo_model_dir, make_model):
-    import shutil
-    import os
-    from tests.conftest import Server, free_port
-
-    home = tmp_path_factory.mktemp("api-home")
-    (home / "models").mkdir()
-    shutil.copy(migrated_db, home / "omlx.sqlite3")
-    (home / "models" / DEMO).symlink_to(demo_model_dir)
-    (home / "models" / "tiny").symlink_to(make_model("tiny-20", 20))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_")}
-    env.update(OMLX_HOME=str(home), OMLX_MODEL_DIRS=str(home / "models"), PYTHONUNBUFFERED="1")
-    s = Server(home, free_port(), env).start()
-    yield s
-    assert s.stop() == 0, s.log_text()[-3000:]
+def server(module_server, demo_model_dir, make_model):
+    return module_server({DEMO: demo_model_dir, "tiny": make_model("tiny-20", 20)})
 
 
 def test_health_and_models(server):

@@ -3,27 +3,17 @@ shapes (streamed too), n choices, logit_bias, the penalties, the fields' 400s, a
 carried without breaking a request."""
 
 import json
-import os
-import shutil
 
 import pytest
 
-from tests.conftest import DEMO, Server, free_port
+from tests.conftest import DEMO
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, migrated_db, demo_model_dir):
-    home = tmp_path_factory.mktemp("sampling-home")
-    (home / "models").mkdir()
-    shutil.copy(migrated_db, home / "omlx.sqlite3")
-    (home / "models" / DEMO).symlink_to(demo_model_dir)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_")}
-    env.update(OMLX_HOME=str(home), OMLX_MODEL_DIRS=str(home / "models"), PYTHONUNBUFFERED="1")
-    s = Server(home, free_port(), env).start()
-    yield s
-    assert s.stop() == 0, s.log_text()[-3000:]
+def server(module_server, demo_model_dir):
+    return module_server({DEMO: demo_model_dir})
 
 
 def assert_sane(entries, top: int):

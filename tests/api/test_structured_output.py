@@ -5,8 +5,6 @@ cannot be enforced."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
@@ -15,23 +13,15 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.conftest import DEMO, Server, free_port
+from tests.conftest import DEMO
 from tests.pool.test_constraints import SCHEMAS
 
 MAX_TOKENS = 160
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, migrated_db, demo_model_dir):
-    home = tmp_path_factory.mktemp("structured-home")
-    (home / "models").mkdir()
-    shutil.copy(migrated_db, home / "omlx.sqlite3")
-    (home / "models" / DEMO).symlink_to(demo_model_dir)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_")}
-    env.update(OMLX_HOME=str(home), OMLX_MODEL_DIRS=str(home / "models"), PYTHONUNBUFFERED="1")
-    s = Server(home, free_port(), env).start()
-    yield s
-    assert s.stop() == 0, s.log_text()[-3000:]
+def server(module_server, demo_model_dir):
+    return module_server({DEMO: demo_model_dir})
 
 
 def ask(client, question: str, response_format: dict, **kw):

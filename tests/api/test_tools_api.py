@@ -5,8 +5,6 @@ fed back gets an answer, streamed call deltas reassemble, and the fields' 400s. 
 capabilities and context lengths, and a chat request naming an embedding model."""
 
 import json
-import os
-import shutil
 
 import jsonschema
 import openai
@@ -14,7 +12,7 @@ import pytest
 
 from pool.capabilities import capabilities, context_length
 from pool.discovery import CHAT, EMBEDDINGS
-from tests.conftest import DEMO, Server, free_port
+from tests.conftest import DEMO
 
 MINILM = "all-MiniLM-L6-v2"
 WEATHER = {"type": "function", "function": {
@@ -33,24 +31,8 @@ PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
 @pytest.fixture(scope="module")
-def minilm_dir(tmp_path_factory):
-    from pool.management.commands.prepare_demo import unpack_embedding_model
-
-    return unpack_embedding_model(tmp_path_factory.mktemp("embedding") / MINILM)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, migrated_db, demo_model_dir, minilm_dir):
-    home = tmp_path_factory.mktemp("tools-home")
-    (home / "models").mkdir()
-    shutil.copy(migrated_db, home / "omlx.sqlite3")
-    (home / "models" / DEMO).symlink_to(demo_model_dir)
-    (home / "models" / MINILM).symlink_to(minilm_dir)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_")}
-    env.update(OMLX_HOME=str(home), OMLX_MODEL_DIRS=str(home / "models"), PYTHONUNBUFFERED="1")
-    s = Server(home, free_port(), env).start()
-    yield s
-    assert s.stop() == 0, s.log_text()[-3000:]
+def server(module_server, demo_model_dir, minilm_dir):
+    return module_server({DEMO: demo_model_dir, MINILM: minilm_dir})
 
 
 def assert_valid_call(call, name=None):

