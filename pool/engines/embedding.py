@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import psutil
 
 from .embedding_model import Pooling, open_bert, pool_states, read_pooling
 from .loading import fill_weights
+from .mailbox import Mailbox, settle
 from .native import ACCOUNTING, release_memory
 from .types import CacheStats, EngineError, LoadAborted, LoadResult, ReleaseResult, RequestAborted
 
@@ -74,13 +74,7 @@ class _Job:
 
 
 def _settle(job: _Job, result: Any = None, error: BaseException | None = None) -> None:
-    def settle():
-        if not job.future.done():
-            job.future.set_exception(error) if error is not None else job.future.set_result(result)
-    try:
-        job.loop.call_soon_threadsafe(settle)
-    except RuntimeError:       # the loop is closed: nobody waits any more
-        pass
+    settle(job.loop, job.future, result, error)
 
 
 class EmbeddingEngine:
@@ -100,7 +94,7 @@ class EmbeddingEngine:
         self._model = None
         self._pooling = Pooling()
         self._around: tuple[list[int], list[int]] = ([], [])
-        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._jobs = Mailbox()
         self._thread: threading.Thread | None = None
         self._aborted: tuple[int, RequestAborted | None] = (0, None)   # (epoch, why), replaced as one
 
@@ -136,7 +130,8 @@ class EmbeddingEngine:
     async def _send(self, kind: str, **fields) -> Any:
         loop = asyncio.get_running_loop()
         job = _Job(kind, loop, loop.create_future(), epoch=self._aborted[0], **fields)
-        self._jobs.put(job)
+        if not self._jobs.put(job):
+            raise RequestAborted("the model was unloaded", "model_unloaded")
         return await job.future
 
     # ---- inputs ------------------------------------------------------------------------------
@@ -188,6 +183,11 @@ class EmbeddingEngine:
             _settle(load_job, result)
             self._serve()
         finally:
+            for job in self._jobs.close():     # sent as the model unloaded: answered, not left waiting
+                if job.kind == "stop":
+                    _settle(job, ReleaseResult(0, 0, 0, 0))
+                else:
+                    _settle(job, error=RequestAborted("the model was unloaded", "model_unloaded"))
             mx.synchronize()
             mx.clear_streams()
 

@@ -25,6 +25,7 @@ from mlx_lm.sample_utils import make_sampler
 from .choices import SharedPrefill
 from .lanes import BatchLane, SoloLane, new_cache, prefill_chunk
 from .loading import fill_weights, model_info, open_model
+from .mailbox import Mailbox, settle
 from .native import ACCOUNTING, release_memory
 from .processors import TokenText, logits_processors, token_logprob
 from .prompt_cache import PromptCache, make_prompt_cache_store
@@ -51,21 +52,7 @@ class _Command:
 
 
 def _resolve(cmd: _Command, result: Any = None, error: BaseException | None = None) -> None:
-    fut, loop = cmd.future, cmd.loop
-    if fut is None or loop is None:
-        return
-
-    def settle():
-        if fut.done():
-            return
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(result)
-    try:
-        loop.call_soon_threadsafe(settle)
-    except RuntimeError:
-        pass
+    settle(cmd.loop, cmd.future, result, error)
 
 
 def _rss() -> int:
@@ -82,9 +69,7 @@ class Engine:
         self._cache_options = (prompt_cache_bytes, prompt_cache_entries, prompt_cache_dir, prompt_cache_disk_bytes)
         self._prompt_cache: PromptCache | None = None    # made on the engine thread (the disk tier reads files)
         self.cache_stats = CacheStats()
-        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
-        self._closed = False                      # the thread takes no more commands (see _close)
-        self._closing = threading.Lock()
+        self._commands = Mailbox()
         self._thread: threading.Thread | None = None
         self._model = None
         self._tokenizer = None
@@ -135,21 +120,14 @@ class Engine:
 
     def abort_all(self, message: str, code: str = "request_aborted") -> None:
         """End every running request with `RequestAborted(message, code)`; the model stays loaded."""
-        self._put(_Command("abort_all", error=RequestAborted(message, code)))
+        self._commands.put(_Command("abort_all", error=RequestAborted(message, code)))
 
     async def _send(self, kind: str, **kw) -> Any:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        if not self._put(_Command(kind, future=fut, loop=loop, **kw)):
+        if not self._commands.put(_Command(kind, future=fut, loop=loop, **kw)):
             raise RequestAborted("the model was unloaded", "model_unloaded")
         return await fut
-
-    def _put(self, cmd: _Command) -> bool:
-        """Queue a command for the engine thread; False once the thread takes no more."""
-        with self._closing:
-            if not self._closed:
-                self._commands.put(cmd)
-        return not self._closed
 
     # ---- prompts ---------------------------------------------------------------------------
 
@@ -184,7 +162,7 @@ class Engine:
         first = Request(tokens=tokens, params=params, loop=loop)
         choices = [first] + [Request(tokens=tokens, params=params, loop=loop, ready=first.ready,
                                      arrived=first.arrived, index=i) for i in range(1, params.n)]
-        if not self._put(_Command("insert", requests=choices)):
+        if not self._commands.put(_Command("insert", requests=choices)):
             raise RequestAborted("the model was unloaded", "model_unloaded")
         unfinished = len(choices)
         try:
@@ -205,7 +183,7 @@ class Engine:
         finally:
             for req in choices:
                 if not req.done:
-                    self._put(_Command("cancel", request=req))
+                    self._commands.put(_Command("cancel", request=req))
 
     # ---- the engine thread -----------------------------------------------------------------
 
@@ -233,14 +211,8 @@ class Engine:
     def _close(self) -> None:
         """Take no more commands and answer those still queued: a caller that raced the unload
         (the enforcer shrinking caches, a request arriving) gets an error, never a wait forever."""
-        with self._closing:
-            self._closed = True
         gone = RequestAborted("the model was unloaded", "model_unloaded")
-        while True:
-            try:
-                cmd = self._commands.get_nowait()
-            except queue.Empty:
-                break
+        for cmd in self._commands.close():
             if cmd.kind == "insert":
                 for req in cmd.requests:
                     self._outbox.emit(req, gone)

@@ -25,3 +25,13 @@ async def test_commands_queued_behind_the_stop_and_sent_after_it_are_errors(make
     with pytest.raises(RequestAborted):
         await asyncio.wait_for(anext(stream), 5)
     assert (await asyncio.wait_for(engine.stop(), 5)).active_before == 0      # a second stop is a no-op
+
+
+async def test_an_embedding_engine_answers_a_call_sent_after_its_stop(minilm_dir):
+    from pool.engines.embedding import EmbeddingEngine
+
+    engine = EmbeddingEngine("minilm", minilm_dir)
+    await engine.load()
+    await asyncio.wait_for(engine.stop(), 30)
+    with pytest.raises(RequestAborted):
+        await asyncio.wait_for(engine.embed([[101, 102]]), 5)
