@@ -413,6 +413,13 @@ class EnginePool(Relief):
             if on_released is not None:
                 on_released()
             return
+        elif entry.engine is None:
+            # marked, and another caller has already taken the engine to stop it (an idle expiry
+            # and an eviction that chose the same model, seen in the soak): wait for that one
+            await asyncio.shield(entry._unload_future)
+            if on_released is not None:
+                on_released()
+            return
         self.events.changed(Change.UNLOAD_START, entry.id)
         started = time.perf_counter()
         before = self.probe.read()
@@ -422,7 +429,8 @@ class EnginePool(Relief):
             release = await engine.stop(message or f"the model was unloaded ({reason})")
         finally:
             entry.state, entry.marked_for_unload, entry.keep_alive = State.UNLOADED, None, None
-            entry._unload_future.set_result(None)
+            if not entry._unload_future.done():
+                entry._unload_future.set_result(None)
             self.events.changed(Change.UNLOAD, entry.id)
             self._wake_loads()
             if on_released is not None:

@@ -201,3 +201,25 @@ async def test_a_load_fills_its_weights_once_its_victim_is_freed_not_after_the_h
     history_written.set()
     await asyncio.wait_for(load, 1)
     assert core.states() == {"a": "unloaded", "b": "loaded", "c": "loaded", "big": "unloaded"}
+
+
+async def test_two_unloads_of_one_model_stop_it_once(models):
+    """An idle expiry and an eviction can pick the same model: the second waits for the first
+    instead of stopping an engine already gone (seen in the soak: AttributeError on None.stop, then
+    the unload's future set twice)."""
+    core = Core(models)
+    await core.pool.load("a")
+    entry, engine = core.pool.entries["a"], core.pool.entries["a"].engine
+    stop, stops = engine.stop, []
+
+    async def slow_stop(message="the model was unloaded"):
+        stops.append(message)
+        await asyncio.sleep(0.05)
+        return await stop(message)
+    engine.stop = slow_stop
+    manual = asyncio.ensure_future(core.pool.unload("a"))
+    await asyncio.sleep(0.01)                                  # it has taken the engine and is stopping it
+    await core.pool._unload(entry, reason=Reason.TTL)          # the second caller, as expire_idle calls it
+    await manual
+    assert len(stops) == 1 and core.states()["a"] == "unloaded"
+    assert core.events() == [("unload", "manual", "a")]
