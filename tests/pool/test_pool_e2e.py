@@ -98,7 +98,8 @@ def test_ttl_and_keep_alive(start_server, models):
     server = start_server(models, demo=False, OMLX_IDLE_TTL="1")
     server.chat("a")
     server.wait_for(lambda: server.model("a")["state"] == "unloaded", timeout=10)
-    assert server.events()[0]["reason"] == "ttl"
+    # the state flips before the history row is written (a waiting load need not wait for the disk)
+    assert server.wait_for(lambda: server.events(), timeout=10)[0]["reason"] == "ttl"
 
     server.post("/admin/model/b/settings", {"is_pinned": True})
     server.chat("b")
@@ -107,6 +108,7 @@ def test_ttl_and_keep_alive(start_server, models):
 
     server.chat("c", keep_alive=0)
     server.wait_for(lambda: server.model("c")["state"] == "unloaded", timeout=10)
+    assert server.wait_for(lambda: len(server.events()) == 2, timeout=10)
     assert server.events()[0]["reason"] == "keep_alive"
 
     server.chat("c", keep_alive=-1)
