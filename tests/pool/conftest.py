@@ -100,3 +100,16 @@ def make_folder(root: Path, name: str, size: int = 0) -> Path:
     with open(folder / "model.safetensors", "wb") as f:
         f.truncate(size)
     return folder
+
+
+@pytest.fixture(scope="module")
+def demo(demo_model_dir):
+    """The demo model loaded in-process, once per module: (model, tokenizer)."""
+    from pool.engines.loading import load_weights
+
+    model, tokenizer, _ = load_weights(demo_model_dir)
+    return model, tokenizer
+
+
+def prompt(tokenizer, text: str) -> list[int]:
+    return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))

@@ -19,7 +19,6 @@ from mlx_lm.tool_parsers import json_tools
 
 from pool.engines.constraints import (TOOL_CALL_END, TOOL_CALL_START, UnsupportedSchema, json_object, json_schema,
                                       sync_plan, tool_calls, unsupported_feature)
-from pool.engines.loading import load_weights
 
 MAX_TOKENS = 160
 SAMPLED = {"temp": 0.9, "top_p": 0.95}
@@ -90,12 +89,6 @@ CLOCK = {"type": "function", "function": {
                    "additionalProperties": False, "required": ["zone"],
                    "properties": {"zone": {"$ref": "#/$defs/zone"}}}}}
 NO_ARGUMENTS = {"type": "function", "function": {"name": "ping", "description": "Is the server up"}}
-
-
-@pytest.fixture(scope="module")
-def demo(demo_model_dir):
-    model, tokenizer, _ = load_weights(demo_model_dir)
-    return model, tokenizer
 
 
 def chat(tokenizer, text: str) -> list[int]:

@@ -11,19 +11,9 @@ from mlx_lm.sample_utils import make_sampler
 
 from pool.engines.requests import coalesced
 from pool.engines.lanes import BatchLane
-from pool.engines.loading import load_weights
 from pool.engines.types import Chunk, EngineError
 from pool.policy.kv import KVConfig
-
-
-@pytest.fixture(scope="module")
-def demo(demo_model_dir):
-    model, tokenizer, _ = load_weights(demo_model_dir)
-    return model, tokenizer
-
-
-def prompt(tokenizer, text: str) -> list[int]:
-    return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
+from tests.pool.conftest import prompt
 
 
 def alone_greedy(model, tokenizer, tokens: list[int], max_tokens: int) -> list[int]:

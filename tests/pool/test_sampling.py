@@ -15,21 +15,11 @@ from mlx_lm.sample_utils import make_sampler
 from pool.engines.choices import SharedPrefill
 from pool.engines.engine import Engine
 from pool.engines.lanes import BatchLane, SoloLane, new_cache
-from pool.engines.loading import load_weights
 from pool.engines.processors import TokenText, logits_processors, over_completion, token_logprob
 from pool.engines.requests import coalesced
 from pool.engines.types import Chunk, EngineError, SamplingParams, TokenLogprob
 from pool.policy.kv import KVConfig
-
-
-@pytest.fixture(scope="module")
-def demo(demo_model_dir):
-    model, tokenizer, _ = load_weights(demo_model_dir)
-    return model, tokenizer
-
-
-def prompt(tokenizer, text: str) -> list[int]:
-    return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
+from tests.pool.conftest import prompt
 
 
 class Forbid:
