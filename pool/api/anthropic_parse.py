@@ -17,7 +17,7 @@ from ..conf import get_settings
 from ..errors import BadRequest, PoolError
 from ..policy.limits import stop_problem
 from ..serving import CompletionSpec
-from .parse import _flag, _int, _number, check_count, json_body
+from .fields import check_count, flag, integer, json_body, number
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 # Blocks a client sends back from an earlier answer that a local model cannot use: dropped.
@@ -44,16 +44,16 @@ def read_body(request) -> dict:
 
 def parse_messages(body: dict) -> MessagesRequest:
     """POST /v1/messages."""
-    max_tokens = _int(body, "max_tokens", minimum=1)
+    max_tokens = integer(body, "max_tokens", minimum=1)
     if max_tokens is None:
         raise BadRequest("max_tokens: Field required", param="max_tokens")
-    _int(body, "top_k", minimum=0)        # validated; the sampler has no top-k yet (see the README)
+    integer(body, "top_k", minimum=0)        # validated; the sampler has no top-k yet (see the README)
     return MessagesRequest(
         spec=_spec(body, max_tokens=max_tokens,
-                   temperature=_number(body, "temperature", 0, 1),
-                   top_p=_number(body, "top_p", 0, 1, lo_open=True),
+                   temperature=number(body, "temperature", 0, 1),
+                   top_p=number(body, "top_p", 0, 1, lo_open=True),
                    stop=stop_sequences(body.get("stop_sequences"))),
-        stream=_flag(body, "stream", default=False))
+        stream=flag(body, "stream", default=False))
 
 
 def parse_count_tokens(body: dict) -> CompletionSpec:
@@ -268,7 +268,7 @@ def openai_tool_choice(choice, names: set[str]) -> tuple[object, bool]:
         return "auto", True
     if not isinstance(choice, dict):
         raise BadRequest("tool_choice: must be an object with a 'type'", param="tool_choice")
-    parallel = not _flag(choice, "disable_parallel_tool_use", default=False)
+    parallel = not flag(choice, "disable_parallel_tool_use", default=False)
     kind = choice.get("type")
     if kind in ("any", "tool") and not names:
         raise BadRequest(f"tool_choice.type: {kind!r} needs 'tools'", param="tool_choice.type")

@@ -13,7 +13,7 @@ from ..embedding_serving import MAX_INPUTS, Embeddings, EmbeddingSpec, embed
 from ..errors import BadRequest
 from ..runtime import get_runtime
 from .auth import require_key
-from .parse import _keep_alive, json_body
+from .fields import json_body, keep_alive
 from .route import api_route
 
 ENCODING_FORMATS = ("float", "base64")
@@ -67,7 +67,7 @@ def parse_embeddings(body: dict) -> tuple[EmbeddingSpec, str]:
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise BadRequest("'user' must be a string", param="user")
     spec = EmbeddingSpec(model=model, inputs=parse_input(body["input"]), dimensions=dimensions,
-                         keep_alive=_keep_alive(body))
+                         keep_alive=keep_alive(body))
     return spec, fmt
 
 

@@ -26,7 +26,8 @@ from .auth import require_key
 from .errors import sse_error
 from .keepalive import KEEPALIVE, OPENAI_COMMENT, until_first
 from .sse import event_stream
-from .parse import json_body, parse_completion
+from .fields import json_body
+from .parse import parse_completion
 from .route import api_route
 
 

@@ -8,16 +8,13 @@ import math
 import re
 from dataclasses import dataclass
 
-from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
-
-from ..conf import get_settings, parse_duration
+from ..conf import get_settings
 from ..errors import BadRequest
 from ..policy import kv
-from ..policy.limits import stop_problem, too_many
+from ..policy.limits import stop_problem
 from ..serving import CompletionSpec
-from ..strict_json import loads_strict
 from ..tools import FALLBACK, parse_tool_request, prepare_messages
+from .fields import check_count, flag, integer, keep_alive, number
 from .structured import parse_response_format
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -37,47 +34,12 @@ class CompletionRequest:
     include_usage: bool = False
 
 
-def json_body(request) -> dict:
-    try:
-        raw = request.body
-    except RequestDataTooBig:
-        raise BadRequest(f"The body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE // 2**20} MiB.") from None
-    try:
-        body = loads_strict(raw or b"")
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BadRequest(f"The body is not valid JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise BadRequest("The body must be a JSON object.")
-    return body
 
 
-def _number(body, name, lo, hi, *, lo_open=False):
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise BadRequest(f"'{name}' must be a finite number", param=name)
-    if value < lo or value > hi or (lo_open and value == lo):
-        raise BadRequest(f"'{name}' must be {'>' if lo_open else '>='} {lo} and <= {hi}; got {value}", param=name)
-    return float(value)
 
 
-def _int(body, name, *, minimum, maximum=2**63 - 1):
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"'{name}' must be an integer", param=name)
-    if not minimum <= value <= maximum:
-        raise BadRequest(f"'{name}' must be between {minimum} and {maximum}", param=name)
-    return value
 
 
-def _flag(body, name: str, *, default: bool) -> bool:
-    value = body.get(name, default)
-    if not isinstance(value, bool):
-        raise BadRequest(f"'{name}' must be true or false", param=name)
-    return value
 
 
 def _stop(body) -> tuple[str, ...]:
@@ -94,11 +56,6 @@ def _stop(body) -> tuple[str, ...]:
     return tuple(s for s in value if s)
 
 
-def check_count(value, name: str, limit: int, where: str | None = None) -> None:
-    """A list longer than its documented limit: a 400 naming the field."""
-    problem = too_many(len(value), limit) if isinstance(value, list) else None
-    if problem:
-        raise BadRequest(f"{where or repr(name)} {problem}", param=name)
 
 
 def _content(message: dict, i: int) -> str:
@@ -191,16 +148,6 @@ def _chat_tools(body) -> dict:
     return {**fields, "constraint": _response_format(body)}
 
 
-def _keep_alive(body) -> float | None:
-    value = body.get("keep_alive")
-    if value is None:
-        return None
-    try:
-        seconds = parse_duration(value)
-    except ValueError:
-        raise BadRequest("'keep_alive' must be seconds or a duration like \"5m\" (0 = unload after this "
-                         "request, -1 = keep loaded)", param="keep_alive") from None
-    return -1.0 if seconds < 0 else seconds
 
 
 def _kv_fields(body) -> dict:
@@ -217,9 +164,9 @@ def _logprobs(body, *, chat: bool) -> int | None:
     """How many top tokens each token's logprobs carry, or None when the request asked for none.
     Chat: `logprobs` true/false and `top_logprobs` 0..20; completions: `logprobs` 0..5."""
     if not chat:
-        return _int(body, "logprobs", minimum=0, maximum=MAX_COMPLETION_LOGPROBS)
-    wanted = body.get("logprobs") is not None and _flag(body, "logprobs", default=False)
-    top = _int(body, "top_logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS)
+        return integer(body, "logprobs", minimum=0, maximum=MAX_COMPLETION_LOGPROBS)
+    wanted = body.get("logprobs") is not None and flag(body, "logprobs", default=False)
+    top = integer(body, "top_logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS)
     if top is not None and not wanted:
         raise BadRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     return (top or 0) if wanted else None
@@ -254,32 +201,32 @@ def parse_completion(body: dict, *, chat: bool) -> CompletionRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' is required and must be a string", param="model")
-    n = _int(body, "n", minimum=1, maximum=MAX_CHOICES)
-    stream = _flag(body, "stream", default=False)
+    n = integer(body, "n", minimum=1, maximum=MAX_CHOICES)
+    stream = flag(body, "stream", default=False)
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise BadRequest("'stream_options' must be an object", param="stream_options")
-    max_tokens = _int(body, "max_completion_tokens", minimum=1)
+    max_tokens = integer(body, "max_completion_tokens", minimum=1)
     if max_tokens is None:
-        max_tokens = _int(body, "max_tokens", minimum=1)
+        max_tokens = integer(body, "max_tokens", minimum=1)
     spec = CompletionSpec(
         model=model,
         messages=_chat_messages(body) if chat else None,
         prompt=None if chat else _prompt(body),
         max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 0, 2),
-        top_p=_number(body, "top_p", 0, 1, lo_open=True),
+        temperature=number(body, "temperature", 0, 2),
+        top_p=number(body, "top_p", 0, 1, lo_open=True),
         stop=_stop(body),
-        seed=_int(body, "seed", minimum=0, maximum=2**64 - 1),   # MLX's generator takes a uint64
-        keep_alive=_keep_alive(body),
-        cache_prompt=_flag(body, "cache_prompt", default=True),
+        seed=integer(body, "seed", minimum=0, maximum=2**64 - 1),   # MLX's generator takes a uint64
+        keep_alive=keep_alive(body),
+        cache_prompt=flag(body, "cache_prompt", default=True),
         kv=_kv_fields(body),
         n=n or 1,
         logprobs=_logprobs(body, chat=chat),
         logit_bias=_logit_bias(body),
-        presence_penalty=_number(body, "presence_penalty", -2, 2) or 0.0,
-        frequency_penalty=_number(body, "frequency_penalty", -2, 2) or 0.0,
+        presence_penalty=number(body, "presence_penalty", -2, 2) or 0.0,
+        frequency_penalty=number(body, "frequency_penalty", -2, 2) or 0.0,
         repetition_penalty=_positive(body, "repetition_penalty"),
         **(_chat_tools(body) if chat else {}),
     )
-    return CompletionRequest(spec=spec, stream=stream, include_usage=_flag(options, "include_usage", default=False))
+    return CompletionRequest(spec=spec, stream=stream, include_usage=flag(options, "include_usage", default=False))

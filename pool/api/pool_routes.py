@@ -8,7 +8,7 @@ from .. import services
 from ..errors import BadRequest
 from ..runtime import get_runtime
 from .auth import require_key_or_staff
-from .parse import json_body
+from .fields import json_body
 from .route import api_route
 
 

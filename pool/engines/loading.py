@@ -3,6 +3,7 @@ tensors, and the KV shape the prefill guard needs."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -40,25 +41,33 @@ def open_model(path: Path):
 
 
 TOKENIZERS_KEPT = 8
-_tokenizers: OrderedDict[tuple, object] = OrderedDict()
+_tokenizers: OrderedDict[str, object] = OrderedDict()
+_identities: dict[tuple, str] = {}        # (folder, its files' sizes and mtimes) -> what its tokenizer is built from
 _tokenizers_lock = threading.Lock()
+# The files AutoTokenizer and mlx-lm's tokenizer loader read (mlx-lm's allow patterns), config.json aside
+_TOKENIZER_FILES = ("*.json", "*.py", "tokenizer.model", "*.tiktoken", "*.txt", "*.jsonl", "*.jinja")
+_NOT_TOKENIZER = ("config.json", "model.safetensors.index.json")
+_LARGEST_HASHED = 64 * 2**20
 
 
 def tokenizer_for(path: Path, eos):
-    """mlx-lm's tokenizer for a model folder, kept for the TOKENIZERS_KEPT most recently loaded
-    folders: a reload after an eviction reuses it while the folder's files are unchanged.
+    """mlx-lm's tokenizer for a model folder, one per distinct tokenizer among the TOKENIZERS_KEPT most
+    recently used: a reload after an eviction reuses it while the folder's files are unchanged, and
+    folders whose tokenizer files are identical (the 4-bit and 8-bit of one model, say) share one copy,
+    with its llguidance tables (tens of MB each).
     Building one holds the GIL inside native code (transformers' AutoTokenizer, json) for up to a few
     hundred ms at a stretch (measured on the 2-core VM: 200-500 ms), which stalls every other model's
     stream whatever the switch interval; the wrapper is safe to share (each request copies its
     detokenizer)."""
-    key = (str(path.resolve()), json.dumps(eos), _stamp(path))
+    key = _identity(path) + json.dumps(eos)
     with _tokenizers_lock:
         if key in _tokenizers:
             _tokenizers.move_to_end(key)
             return _tokenizers[key]
     tokenizer = load_tokenizer(path, eos_token_ids=eos)
     with _tokenizers_lock:
-        _tokenizers[key] = tokenizer
+        tokenizer = _tokenizers.setdefault(key, tokenizer)
+        _tokenizers.move_to_end(key)
         while len(_tokenizers) > TOKENIZERS_KEPT:
             _tokenizers.popitem(last=False)
     return tokenizer
@@ -69,10 +78,37 @@ def forget_tokenizers() -> None:
     first rung frees them with MLX's buffer cache. A loaded model's engine still holds its own."""
     with _tokenizers_lock:
         _tokenizers.clear()
+        _identities.clear()
+
+
+def _identity(path: Path) -> str:
+    """A digest of what the folder's tokenizer is built from: the tokenizer files' bytes, and the two
+    fields of config.json that choose its class (model_type, tokenizer_class). Hashed once per
+    version of the folder (its files' sizes and mtimes)."""
+    stamp = (str(path.resolve()), _stamp(path))
+    with _tokenizers_lock:
+        if stamp in _identities:
+            return _identities[stamp]
+    digest = hashlib.sha256()
+    files = sorted({f for pattern in _TOKENIZER_FILES for f in path.glob(pattern)
+                    if f.is_file() and f.name not in _NOT_TOKENIZER})
+    if any(f.stat().st_size > _LARGEST_HASHED for f in files):
+        digest.update(repr(stamp).encode())    # not a tokenizer's file: this folder's own tokenizer
+    for f in files:
+        digest.update(f"{f.name}\0{f.stat().st_size}\0".encode())
+        if f.stat().st_size <= _LARGEST_HASHED:
+            digest.update(f.read_bytes())
+    config = json.loads((path / "config.json").read_text())
+    digest.update(json.dumps([config.get("model_type"), config.get("tokenizer_class")]).encode())
+    with _tokenizers_lock:
+        if len(_identities) >= 4 * TOKENIZERS_KEPT:
+            _identities.clear()
+        _identities[stamp] = identity = digest.hexdigest()
+    return identity
 
 
 def _stamp(path: Path) -> tuple:
-    """What a tokenizer is built from: every file of the folder but the weights, by size and mtime."""
+    """Every file of the folder but the weights, by size and mtime."""
     return tuple(sorted((f.name, st.st_size, st.st_mtime_ns) for f in path.iterdir()
                         if f.suffix != ".safetensors" and f.is_file() and (st := f.stat())))
 
