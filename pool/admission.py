@@ -12,9 +12,9 @@ from .errors import BadRequest, ServiceUnavailable
 from .memory import memory_lines
 from .policy.admission import ModelView, lru_victims
 from .policy.kv import KVConfig, kv_estimate
-from .policy.pressure import prefill_check
+from .policy.pressure import prefill_verdict
 from .policy.units import format_bytes
-from .policy.vocabulary import Rejection
+from .policy.vocabulary import PrefillVerdict, Rejection
 
 
 class Admission:
@@ -54,10 +54,12 @@ class Admission:
             self.waiting -= 1
 
     def check_prefill(self, model_id: str, model_info: dict, prompt_tokens: int, views: list[ModelView], *,
-                      param: str, kv: KVConfig = KVConfig()) -> None:
+                      param: str, live_kv_bytes: int = 0, kv: KVConfig = KVConfig()) -> None:
         """Refuse up front a prompt whose KV cache (as its kv_bits / max_kv_size make it) cannot fit
-        under the hard line even after every idle model is evicted. A cached prefix does not lower
-        it: the prompt cache hands each request a private copy of the prefix's KV."""
+        under the hard line once the caches are reclaimed and every idle model is evicted: a 400 when
+        it would not fit even without the running requests' KV (`live_kv_bytes`), else a 503 to
+        retry. A cached prefix does not lower it: the prompt cache hands each request a private copy
+        of the prefix's KV."""
         if not model_info:
             return
         reading = self.probe.read()
@@ -68,11 +70,19 @@ class Admission:
                                head_dim=model_info["head_dim"], bytes_per_element=model_info["bytes_per_element"],
                                tokens=prompt_tokens, config=kv)
         evictable = sum(v.footprint for v in lru_victims(views) if v.id != model_id)
-        if not prefill_check(kv_estimate=estimate, usage=reading.usage, evictable_bytes=evictable,
-                             hard_line=lines.hard):
+        verdict = prefill_verdict(kv_estimate=estimate, usage=reading.usage, evictable_bytes=evictable,
+                                  reclaimable_bytes=reading.reclaimable, live_kv_bytes=live_kv_bytes,
+                                  hard_line=lines.hard)
+        needs = f"The prompt ({prompt_tokens} tokens) needs about {format_bytes(estimate)} of KV cache"
+        if verdict == PrefillVerdict.BUSY:
+            self.on_reject(Rejection.PREFILL_BUSY)
+            raise ServiceUnavailable(f"{needs}, which fits under the hard memory line "
+                                     f"({format_bytes(lines.hard)}) only once running requests end; "
+                                     "retry shortly.", code="prefill_memory_busy", retry_after=self.retry_after)
+        if verdict == PrefillVerdict.TOO_LARGE:
             self.on_reject(Rejection.PREFILL)
-            raise BadRequest(f"The prompt ({prompt_tokens} tokens) needs about {format_bytes(estimate)} of "
-                             f"KV cache, which cannot fit under the hard memory line "
+            raise BadRequest(f"{needs}, which cannot fit under the hard memory line "
                              f"({format_bytes(lines.hard)}) even after evicting every idle model.",
                              param=param, code="prefill_memory_exceeded", estimated_bytes=estimate,
-                             limit_bytes=max(0, lines.hard - reading.usage + evictable))
+                             limit_bytes=max(0, lines.hard - reading.usage + evictable + reading.reclaimable
+                                             + live_kv_bytes))

@@ -230,6 +230,10 @@ class EnginePool(Relief):
         entry = self.entries[model_id]
         return entry.engine.cache_stats if entry.state == State.LOADED and entry.engine is not None else None
 
+    def live_kv_bytes(self) -> int:
+        """The KV cache every loaded model's running requests hold (each engine's latest report)."""
+        return sum(engine.cache_stats.kv_bytes for engine in self._loaded_engines())
+
     def prompt_cache_bytes(self) -> int:
         """What every loaded model's prompt cache holds: free to drop, so reclaimable."""
         return sum(engine.cache_stats.prompt_cache_bytes for engine in self._loaded_engines())

@@ -140,7 +140,7 @@ class Serving:
                 await asyncio.to_thread(prepare_grammar, engine.tokenizer)
             # each choice holds its own copy of the prompt's KV
             self.admission.check_prefill(entry.id, engine.model_info, len(tokens) * spec.n, self.pool.views(),
-                                         param=spec.prompt_param, kv=kv)
+                                         param=spec.prompt_param, live_kv_bytes=self.pool.live_kv_bytes(), kv=kv)
             shown = tool_request is not None and tool_request.shown
             return Completion(entry.id, engine, tokens, _sampling(spec, entry.settings, kv, max_tokens, constraint),
                               stack, tool_format=fmt if shown else None, tool_request=tool_request)

@@ -38,9 +38,13 @@ class Memory:
     total: int = 64 * 2**30
     held: dict[str, int] = field(default_factory=dict)   # model id -> bytes its engine's weights hold
     prompt_caches: dict[str, int] = field(default_factory=dict)   # model id -> its prompt cache's bytes
+    kv: dict[str, int] = field(default_factory=dict)      # model id -> its running requests' live KV
+
+    def active(self) -> int:
+        return self.base + sum(self.held.values()) + sum(self.prompt_caches.values()) + sum(self.kv.values())
 
     def usage(self) -> int:
-        return self.base + sum(self.held.values()) + sum(self.prompt_caches.values()) + self.cache
+        return self.active() + self.cache
 
 
 class FakeProbe:
@@ -49,7 +53,7 @@ class FakeProbe:
 
     def read(self) -> MemoryReading:
         m = self.memory
-        active = m.base + sum(m.held.values()) + sum(m.prompt_caches.values())
+        active = m.active()
         return MemoryReading(active=active, cache=m.cache, peak=active, rss=0, total=m.total,
                              available=m.total - m.usage(), prompt_cache=sum(m.prompt_caches.values()))
 
@@ -69,8 +73,8 @@ class FakeEngine:
     @property
     def cache_stats(self) -> CacheStats:
         held = self.factory.memory.prompt_caches.get(self.model_id, 0)
-        return CacheStats(prompt_cache_bytes=held, prompt_cache_entries=int(held > 0),
-                          prompt_cache_cap_bytes=self.prompt_cache_cap)
+        return CacheStats(kv_bytes=self.factory.memory.kv.get(self.model_id, 0), prompt_cache_bytes=held,
+                          prompt_cache_entries=int(held > 0), prompt_cache_cap_bytes=self.prompt_cache_cap)
 
     def fill_prompt_cache(self, nbytes: int) -> None:
         """What finished requests would have stored (a test sets it), within the cap."""

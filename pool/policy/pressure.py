@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .admission import ModelView, lru_victims
 from .units import GIB
-from .vocabulary import ActionKind, Level, ModelState, Reason
+from .vocabulary import ActionKind, Level, ModelState, PrefillVerdict, Reason
 
 EMERGENCY_MARGIN_BYTES = 2 * GIB
 EMERGENCY_POLLS = 2
@@ -65,9 +65,18 @@ def classify(usage: int, lines: Lines, over_ceiling_polls: int) -> tuple[Level, 
 # --- the prefill guard -----------------------------------------------------------------------
 
 
-def prefill_check(*, kv_estimate: int, usage: int, evictable_bytes: int, hard_line: int) -> bool:
-    """True when the prompt fits under the hard line once idle models are evicted."""
-    return usage - evictable_bytes + kv_estimate <= hard_line
+def prefill_verdict(*, kv_estimate: int, usage: int, evictable_bytes: int, reclaimable_bytes: int,
+                    live_kv_bytes: int, hard_line: int) -> PrefillVerdict:
+    """Whether a prompt's KV cache fits under the hard line: now, once the caches are reclaimed and the
+    idle models evicted (FITS); only once the running requests' KV is freed too (BUSY: try again
+    shortly); or not even then (TOO_LARGE: the request itself is the problem). The soak found a
+    24-token prompt refused as too large because eight other clients' work filled memory."""
+    floor = usage - evictable_bytes - reclaimable_bytes
+    if floor + kv_estimate <= hard_line:
+        return PrefillVerdict.FITS
+    if floor - live_kv_bytes + kv_estimate <= hard_line:
+        return PrefillVerdict.BUSY
+    return PrefillVerdict.TOO_LARGE
 
 
 # --- one tick ----------------------------------------------------------------------------------

@@ -65,7 +65,15 @@ class Rejection(StrEnum):
     QUEUE_FULL = "queue_full"               # admission paused by memory pressure and its queue full
     TIMEOUT = "timeout"                     # admission stayed paused too long
     PREFILL = "prefill"                     # the prompt's KV cache cannot fit (a 400)
+    PREFILL_BUSY = "prefill_busy"           # ... while other requests' KV holds memory (a 503)
     MODEL_QUEUE_FULL = "model_queue_full"   # the model runs its OMLX_MAX_CONCURRENT and its queue is full
+
+
+class PrefillVerdict(StrEnum):
+    """Whether a prompt's KV cache fits under the hard line (policy.pressure.prefill_verdict)."""
+    FITS = "fits"
+    BUSY = "busy"               # not while the running requests hold their KV
+    TOO_LARGE = "too_large"     # not even with nothing else running
 
 
 class SlotDecision(StrEnum):

@@ -145,6 +145,35 @@ async def test_the_prefill_guard_refuses_a_prompt_whose_kv_cannot_fit(models):
     assert len(await core.complete("a")) == 3                            # a short prompt still runs
 
 
+@pytest.mark.parametrize("prompt_tokens, status, code", [
+    (20, None, None),                            # 200 MB: fits now, once MLX's cache is reclaimed
+    (40, 503, "prefill_memory_busy"),            # 400 MB: only once the running request's KV is freed
+    (60, 400, "prefill_memory_exceeded"),        # 600 MB: not even then
+])
+async def test_a_prompt_that_fits_only_once_running_requests_end_is_a_503_not_a_400(
+        models, prompt_tokens, status, code):
+    # 10 MB of KV per token. Usage 800 MB of the 950 MB hard line: a and b 100 MB each, b's running
+    # request 300 MB of live KV, MLX's cache 100 MB (free to reclaim), 200 MB else. So 250 MB fit
+    # now and 550 MB once b's request ends.
+    per_token = {"layers": 1, "kv_heads": 1, "head_dim": 2_500_000, "bytes_per_element": 2}
+    core = Core(models, memory_ceiling=CEILING,
+                specs={"a": Spec(model_info=per_token), "b": Spec(tokens=10_000, token_seconds=0.005)})
+    await loaded(core, "a", "b")
+    running = await streaming(core, "b")
+    core.memory.base, core.memory.kv["b"], core.memory.cache = 200 * MB, 300 * MB, 100 * MB
+    spec = CompletionSpec(model="a", prompt=" ".join(["w"] * prompt_tokens), max_tokens=1)
+    if status is None:
+        async with await core.serving.open_completion(spec):
+            pass
+    else:
+        with pytest.raises((BadRequest, ServiceUnavailable)) as refused:
+            await core.serving.open_completion(spec)
+        assert (refused.value.status, refused.value.code) == (status, code)
+        assert ("Retry-After" in refused.value.headers) is (status == 503)
+    assert core.pool.entries["a"].leases == 0 and core.pool.entries["b"].leases == 1   # b ran throughout
+    running.cancel()
+
+
 async def test_shrinking_prompt_caches_takes_hard_to_soft_without_unloading(models):
     core = Core(models, memory_ceiling=CEILING, prompt_cache_bytes=300 * MB)
     await loaded(core, "a")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pool.policy.pressure import (Action, Lines, Readings, auto_ceiling, classify, decide, guard_reserve,
-                                  poll_interval, prefill_check, pressure_lines)
+                                  poll_interval, prefill_verdict, pressure_lines)
 from pool.policy.units import GIB
 
 from .tables import gib, model
@@ -79,18 +79,26 @@ def test_pressure_lines(args, expected):
 
 
 @pytest.mark.parametrize(
-    "usage, evictable, kv, expected",
+    "usage, evictable, reclaimable, live_kv, kv, expected",
     [
-        (90, 0, 5, True),
-        (90, 0, 6, False),
-        (90, 10, 15, True),
-        (90, 10, 16, False),
+        (90, 0, 0, 0, 5, "fits"),
+        (90, 0, 0, 0, 6, "too_large"),
+        (90, 10, 0, 0, 15, "fits"),
+        (90, 10, 0, 0, 16, "too_large"),
+        (90, 10, 5, 0, 20, "fits"),
+        (90, 10, 5, 30, 21, "busy"),
+        (90, 10, 5, 30, 50, "busy"),
+        (90, 10, 5, 30, 51, "too_large"),
+        (90, 0, 0, 30, 5, "fits"),
     ],
-    ids=["fits-at-the-line", "over-the-line", "fits-after-evicting", "over-even-after-evicting"],
+    ids=["fits-at-the-line", "over-the-line", "fits-after-evicting", "over-even-after-evicting",
+         "fits-once-caches-are-reclaimed", "fits-only-once-running-requests-end",
+         "busy-at-the-line", "too-large-even-then", "live-kv-does-not-matter-when-it-fits"],
 )
-def test_prefill_check(usage, evictable, kv, expected):
-    fits = prefill_check(kv_estimate=kv, usage=usage, evictable_bytes=evictable, hard_line=95)
-    assert fits is expected
+def test_prefill_verdict(usage, evictable, reclaimable, live_kv, kv, expected):
+    verdict = prefill_verdict(kv_estimate=kv, usage=usage, evictable_bytes=evictable, reclaimable_bytes=reclaimable,
+                              live_kv_bytes=live_kv, hard_line=95)
+    assert verdict == expected
 
 
 # --- the enforcer tick ---------------------------------------------------------------------
