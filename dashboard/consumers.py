@@ -16,7 +16,7 @@ from pool import services
 from pool.broadcast import GROUP
 from pool.errors import BadRequest, PoolError
 from pool.runtime import ensure_started
-from pool.strict_json import loads_strict
+from pool.strict_json import dumps_finite, loads_strict
 
 from .access import may_connect, same_origin
 
@@ -30,6 +30,10 @@ REFUSED = 4403
 
 class PoolConsumer(AsyncJsonWebsocketConsumer):
     joined = False
+
+    @classmethod
+    async def encode_json(cls, content):
+        return dumps_finite(content)
 
     async def connect(self):
         client = (self.scope.get("client") or [None])[0]

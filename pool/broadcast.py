@@ -5,9 +5,10 @@ messages when a channel is full, and the next snapshot repairs any loss."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
+
+from .strict_json import dumps_finite
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class Broadcaster:
             snapshot = snapshot or self.runtime.snapshot()
             snapshot["sent_at"] = time.time()
             # encoded once here: the in-memory layer deep-copies each message for every dashboard
-            await layer.group_send(GROUP, {"type": "pool.snapshot", "text": json.dumps(snapshot)})
+            await layer.group_send(GROUP, {"type": "pool.snapshot", "text": dumps_finite(snapshot)})
         except Exception:  # noqa: BLE001 - a dashboard must never break serving
             log.exception("could not publish the snapshot")
 

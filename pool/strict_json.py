@@ -7,6 +7,7 @@ All are plain ValueErrors, which the routes answer with a 400."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 
@@ -47,4 +48,25 @@ def loads_strict(raw) -> object:
             raise ValueError("a string holds a lone surrogate (\\ud800-\\udfff without its pair)")
     except RecursionError:
         raise ValueError("nested too deeply") from None
+    return value
+
+
+def dumps_finite(value) -> str:
+    """JSON that every browser parses: a NaN or an infinity (none should get this far: the parsers
+    refuse them) is written as null and logged, never as the bare `NaN` that would break every
+    dashboard's JSON.parse."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError:
+        logging.getLogger("pool").warning("a non-finite number reached a snapshot; sent as null")
+        return json.dumps(_finite(value), allow_nan=False)
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
     return value

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 
 from .. import services
 from ..errors import BadRequest
 from ..runtime import get_runtime
+from ..strict_json import dumps_finite
 from .auth import require_key_or_staff
 from .fields import json_body
 from .route import api_route
+
+
+def _finite_json(body: dict) -> HttpResponse:
+    """The snapshot's shape as the websocket sends it: never a bare NaN or Infinity."""
+    return HttpResponse(dumps_finite(body), content_type="application/json")
 
 
 def _state_body(request) -> dict:
@@ -28,7 +34,7 @@ async def health(request):
 
 @api_route("GET", auth=require_key_or_staff)
 async def pool_snapshot(request):
-    return JsonResponse(get_runtime().snapshot())
+    return _finite_json(get_runtime().snapshot())
 
 
 @api_route("POST", auth=require_key_or_staff)
@@ -98,7 +104,7 @@ async def enforcer_tick(request):
     decision = await get_runtime().enforcer.tick()
     runtime = get_runtime()
     actions = [{"kind": a.kind, "model": a.model, "reason": a.reason} for a in decision.actions] if decision else []
-    return JsonResponse({"level": runtime.enforcer.level, "actions": actions, "memory": runtime.snapshot()["memory"]})
+    return _finite_json({"level": runtime.enforcer.level, "actions": actions, "memory": runtime.snapshot()["memory"]})
 
 
 @api_route("POST", auth=require_key_or_staff)

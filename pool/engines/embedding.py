@@ -1,14 +1,15 @@
 """EmbeddingEngine: one embedding model (a BERT sentence encoder) on its own thread.
 
-The same life cycle as `Engine` (types.EngineLike): load on a new thread, weights measured as they
-are read, every MLX call on that thread, `stop` measures what the release freed, and the thread
-ends with mx.synchronize() and mx.clear_streams(). One request's inputs are encoded in batches of
+The same life cycle as `Engine` (types.EngineLike): load on an engine thread (threads.py: kept and
+reused), weights measured as they are read, every MLX call on that thread, `stop` measures what the
+release freed, and the thread goes back to the idle ones. One request's inputs are encoded in batches of
 similar length; concurrent requests queue on the thread, one after another.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -24,6 +25,7 @@ from .embedding_model import Pooling, open_bert, pool_states, read_pooling
 from .loading import fill_weights
 from .mailbox import Mailbox, settle
 from .native import ACCOUNTING, release_memory
+from .threads import ENGINE_THREADS
 from .types import CacheStats, EngineError, LoadAborted, LoadResult, ReleaseResult, RequestAborted
 
 log = logging.getLogger(__name__)
@@ -103,9 +105,8 @@ class EmbeddingEngine:
     async def load(self, *, memory_free: threading.Event | None = None) -> LoadResult:
         loop = asyncio.get_running_loop()
         job = _Job("load", loop, loop.create_future())
-        self._thread = threading.Thread(target=self._run, args=(job, memory_free),
-                                        name=f"embedding:{self.model_id}", daemon=True)
-        self._thread.start()
+        self._thread = ENGINE_THREADS.start(functools.partial(self._run, job, memory_free),
+                                            name=f"embedding:{self.model_id}")
         return await job.future
 
     async def stop(self, message: str = "the model was unloaded") -> ReleaseResult:
@@ -188,8 +189,6 @@ class EmbeddingEngine:
                     _settle(job, ReleaseResult(0, 0, 0, 0))
                 else:
                     _settle(job, error=RequestAborted("the model was unloaded", "model_unloaded"))
-            mx.synchronize()
-            mx.clear_streams()
 
     def _load(self, memory_free: threading.Event | None) -> LoadResult:
         from transformers import AutoTokenizer

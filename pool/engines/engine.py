@@ -8,6 +8,7 @@ what each step produced back to the event loop in one `loop.call_soon_threadsafe
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import queue
@@ -30,6 +31,7 @@ from .native import ACCOUNTING, release_memory
 from .processors import TokenText, logits_processors, token_logprob
 from .prompt_cache import PromptCache, make_prompt_cache_store
 from .requests import Outbox, Request, coalesced
+from .threads import ENGINE_THREADS
 from .types import (CacheStats, Chunk, EngineError, KVConfig, LoadAborted, LoadResult, ReleaseResult,
                     RequestAborted, SamplingParams)
 
@@ -91,13 +93,12 @@ class Engine:
     # ---- lifecycle -------------------------------------------------------------------------
 
     async def load(self, *, memory_free: threading.Event | None = None) -> LoadResult:
-        """Load on a new engine thread. With `memory_free`, everything but the weights is read first
+        """Load on an engine thread (threads.py). With `memory_free`, everything but the weights is read first
         and the weights wait for it (set once the models this load evicts are gone)."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self._thread = threading.Thread(target=self._run, args=(loop, fut, memory_free),
-                                        name=f"engine:{self.model_id}", daemon=True)
-        self._thread.start()
+        self._thread = ENGINE_THREADS.start(functools.partial(self._run, loop, fut, memory_free),
+                                            name=f"engine:{self.model_id}")
         return await fut
 
     async def stop(self, message: str = "the model was unloaded") -> ReleaseResult:
@@ -204,9 +205,7 @@ class Engine:
             _resolve(load_cmd, result)
             self._serve()
         finally:
-            self._close()
-            mx.synchronize()
-            mx.clear_streams()  # without this ~13% of processes abort at exit
+            self._close()   # the thread then synchronizes and goes back to ENGINE_THREADS
 
     def _close(self) -> None:
         """Take no more commands and answer those still queued: a caller that raced the unload

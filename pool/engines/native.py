@@ -22,7 +22,7 @@ def _glibc():
 _LIBC = _glibc()
 M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8
 if _LIBC is not None:
-    # Every engine is a new thread, and glibc gives each thread an arena of its own; its dynamic mmap
+    # Engines run on their own threads, and glibc gives each thread an arena of its own; its dynamic mmap
     # threshold also climbs after the first large free, so later weight buffers land in arenas that
     # malloc_trim cannot hand back. Measured: loading and unloading a 60 MB model 30 times on fresh
     # threads grew RSS to 985 MB; with a fixed 1 MiB threshold (big buffers in their own mappings,

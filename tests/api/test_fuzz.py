@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from pool.strict_json import loads_strict
+from pool.strict_json import dumps_finite, loads_strict
 from tests.conftest import DEMO
 
 MINILM = "all-MiniLM-L6-v2"
@@ -110,6 +110,16 @@ def test_loads_strict(text, refused):
     else:
         with pytest.raises(ValueError, match=refused):
             loads_strict(text)
+
+
+@pytest.mark.parametrize("value, text", [
+    ({"a": 1.5, "b": [1, "x", None]}, '{"a": 1.5, "b": [1, "x", null]}'),
+    ({"keep_alive": float("nan")}, '{"keep_alive": null}'),
+    ([float("inf"), {"b": (float("-inf"), 2.0)}], '[null, {"b": [null, 2.0]}]'),
+])
+def test_snapshots_are_encoded_without_non_finite_numbers(value, text):
+    assert dumps_finite(value) == text
+    loads_strict(text)                     # what a browser's JSON.parse takes
 
 
 # ---- JSON text the encoder would not write --------------------------------------------------------
