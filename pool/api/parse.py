@@ -34,14 +34,6 @@ class CompletionRequest:
     include_usage: bool = False
 
 
-
-
-
-
-
-
-
-
 def _stop(body) -> tuple[str, ...]:
     value = body.get("stop")
     if value is None:
@@ -54,8 +46,6 @@ def _stop(body) -> tuple[str, ...]:
     if problem:
         raise BadRequest(f"'stop': {problem}", param="stop")
     return tuple(s for s in value if s)
-
-
 
 
 def _content(message: dict, i: int) -> str:
@@ -146,8 +136,6 @@ def _chat_tools(body) -> dict:
     fields = {"tools": tools.tools, "tool_choice": tools.tool_choice,
               "parallel_tool_calls": tools.parallel_tool_calls} if tools is not None else {}
     return {**fields, "constraint": _response_format(body)}
-
-
 
 
 def _kv_fields(body) -> dict:

@@ -25,7 +25,7 @@ from .embedding_model import Pooling, open_bert, pool_states, read_pooling
 from .loading import fill_weights
 from .mailbox import Mailbox, settle
 from .native import ACCOUNTING, release_memory
-from .threads import ENGINE_THREADS
+from .threads import ENGINE_THREADS, Running
 from .types import CacheStats, EngineError, LoadAborted, LoadResult, ReleaseResult, RequestAborted
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ class EmbeddingEngine:
         self._pooling = Pooling()
         self._around: tuple[list[int], list[int]] = ([], [])
         self._jobs = Mailbox()
-        self._thread: threading.Thread | None = None
+        self._thread: Running | None = None
         self._aborted: tuple[int, RequestAborted | None] = (0, None)   # (epoch, why), replaced as one
 
     # ---- lifecycle -------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from .native import ACCOUNTING, release_memory
 from .processors import TokenText, logits_processors, token_logprob
 from .prompt_cache import PromptCache, make_prompt_cache_store
 from .requests import Outbox, Request, coalesced
-from .threads import ENGINE_THREADS
+from .threads import ENGINE_THREADS, Running
 from .types import (CacheStats, Chunk, EngineError, KVConfig, LoadAborted, LoadResult, ReleaseResult,
                     RequestAborted, SamplingParams)
 
@@ -72,7 +72,7 @@ class Engine:
         self._prompt_cache: PromptCache | None = None    # made on the engine thread (the disk tier reads files)
         self.cache_stats = CacheStats()
         self._commands = Mailbox()
-        self._thread: threading.Thread | None = None
+        self._thread: Running | None = None
         self._model = None
         self._tokenizer = None
         self._lanes: dict[Any, BatchLane | SoloLane] = {}    # KVConfig, or ("solo", n) for quantized KV

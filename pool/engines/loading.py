@@ -92,11 +92,12 @@ def _identity(path: Path) -> str:
     digest = hashlib.sha256()
     files = sorted({f for pattern in _TOKENIZER_FILES for f in path.glob(pattern)
                     if f.is_file() and f.name not in _NOT_TOKENIZER})
-    if any(f.stat().st_size > _LARGEST_HASHED for f in files):
+    sizes = {f: f.stat().st_size for f in files}
+    if max(sizes.values(), default=0) > _LARGEST_HASHED:
         digest.update(repr(stamp).encode())    # not a tokenizer's file: this folder's own tokenizer
     for f in files:
-        digest.update(f"{f.name}\0{f.stat().st_size}\0".encode())
-        if f.stat().st_size <= _LARGEST_HASHED:
+        digest.update(f"{f.name}\0{sizes[f]}\0".encode())
+        if sizes[f] <= _LARGEST_HASHED:
             digest.update(f.read_bytes())
     config = json.loads((path / "config.json").read_text())
     digest.update(json.dumps([config.get("model_type"), config.get("tokenizer_class")]).encode())

@@ -34,6 +34,9 @@ class Running:
     def join(self, timeout: float | None = None) -> None:
         self._done.wait(timeout)
 
+    def finish(self) -> None:
+        self._done.set()
+
 
 class _Worker:
     def __init__(self, threads: "EngineThreads", number: int):
@@ -53,7 +56,7 @@ class _Worker:
             except BaseException:  # noqa: BLE001 - the engine's own error handling missed it; the thread lives on
                 log.exception("%s ended with an error", name)
             self.thread.name = self.idle_name
-            running._done.set()
+            running.finish()
             self._threads._idle_again(self)
         mx.synchronize()
         mx.clear_streams()
