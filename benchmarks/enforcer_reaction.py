@@ -61,9 +61,8 @@ async def measure(args, *, wake: bool) -> list[float]:
     with tempfile.TemporaryDirectory() as models_dir:
         for folder in folders:
             (Path(models_dir) / folder.name).symlink_to(folder)
-        base = get_settings().values
-        conf = Settings({**base, "model_dirs": [Path(models_dir)], "max_model_memory": "off",
-                         "memory_ceiling": "off", "idle_ttl": None})
+        conf = get_settings().with_values(model_dirs=(Path(models_dir),), max_model_memory="off",
+                                          memory_ceiling="off", idle_ttl=None)
         probe = RealProbe()
         pool = EnginePool(conf, probe)
         pool.rediscover()

@@ -1,17 +1,19 @@
-"""Every OMLX_* setting in one place: its name, default, parser and one line of documentation.
+"""Every OMLX_* setting in one place: its name, default, parser, group and one line of documentation,
+and `Settings`, the typed values read from the environment once.
 
-Settings are read from the environment when `get_settings()` is first called; `reload_settings()`
-re-reads them (tests). The README documents each entry of `SETTINGS` (a test checks that).
-"""
+`get_settings()` reads them at its first call; `reload_settings()` reads them again (tests, and
+`serve --host`). Code that needs a value takes it from a Settings object handed to it (the runtime's),
+not from the environment. docs/configuration.md documents each entry of `SETTINGS` in its group's
+table (a test checks that)."""
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 _UNITS = {
     "": 1, "b": 1,
@@ -109,12 +111,16 @@ def _hf_cache() -> Path:
     return Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
 
 
+USER, TUNING, TESTING = "user", "tuning", "testing"   # where docs/configuration.md lists a setting
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str
     default: str
     parse: Callable[[str], Any]
     doc: str
+    group: str = USER      # USER: what people set; TUNING: measured and settled; TESTING: test seams
 
 
 SETTINGS: list[Setting] = [
@@ -155,88 +161,134 @@ SETTINGS: list[Setting] = [
     Setting("OMLX_QUEUE_PER_MODEL", "64", non_negative_int,
             "requests that may wait for one model's slot (first come first served); beyond that a 503"),
     Setting("OMLX_PREFILL_STEP", "512", positive_int,
-            "prompt tokens read per step; running streams decode a token between two steps (memory pressure lowers it)"),
+            "prompt tokens read per step; running streams decode a token between two steps (memory pressure lowers it)", group=TUNING),
     Setting("OMLX_LOAD_GROUP_BYTES", "64MiB", parse_size,
-            "weight bytes evaluated at a time while a model loads: smaller groups hold other models' streams up for less, larger ones load faster"),
+            "weight bytes evaluated at a time while a model loads: smaller groups hold other models' streams up for less, larger ones load faster", group=TUNING),
     Setting("OMLX_SSE_KEEPALIVE", "10", optional_duration,
             "seconds between SSE keep-alives (`: keep-alive` comments; `ping` events on /v1/messages) while a stream waits for its first token; `off` or 0 = none"),
     Setting("OMLX_CONTEXT_FALLBACK", "32768", positive_int,
             "context length (tokens) assumed for a model whose config.json names none; it caps prompt + max_tokens"),
     Setting("OMLX_PROMPT_CHARS_PER_TOKEN", "16", positive_int,
-            "a prompt of more characters than the model's context times this is refused (400 `context_length_exceeded`) before it is tokenised"),
+            "a prompt of more characters than the model's context times this is refused (400 `context_length_exceeded`) before it is tokenised", group=TUNING),
     Setting("OMLX_MAX_MESSAGES", "2048", positive_int, "messages one chat request may hold; more is a 400 naming `messages`"),
     Setting("OMLX_MAX_TOOLS", "128", positive_int, "tools one request may offer; more is a 400 naming `tools`"),
     Setting("OMLX_MAX_STOP_LENGTH", "256", positive_int,
             "characters in one stop string (`stop`, `stop_sequences`); longer is a 400 naming the field"),
     Setting("OMLX_SWITCH_INTERVAL", "0.0005", float,
-            "seconds a Python thread may hold the GIL while another waits (sys.setswitchinterval)"),
+            "seconds a Python thread may hold the GIL while another waits (sys.setswitchinterval)", group=TUNING),
     Setting("OMLX_TELEMETRY_DAYS", "7", float, "days of enforcer telemetry kept"),
     Setting("OMLX_DB_BUSY_TIMEOUT", "5", parse_duration,
-            "seconds a settings write waits for another process's database lock before a 503 `database_busy` (Retry-After)"),
+            "seconds a settings write waits for another process's database lock before a 503 `database_busy` (Retry-After)", group=TUNING),
     Setting("OMLX_STORAGE_SETTLE", "15", parse_duration,
-            "seconds writes under the data folder must work without a failure before a storage fault is reported recovered"),
+            "seconds writes under the data folder must work without a failure before a storage fault is reported recovered", group=TUNING),
     Setting("OMLX_PROMPT_CACHE_BYTES", "auto", size_or_keyword("auto", "off"),
             "each loaded model's prefix (prompt) cache cap: a size, `auto` = a tenth of the model budget, or `off`"),
     Setting("OMLX_PROMPT_CACHE_ENTRIES", "10", non_negative_int, "at most this many prompt cache entries per model"),
     Setting("OMLX_PROMPT_CACHE_DISK_BYTES", "4GB", size_or_keyword("off"),
             "each model's prompt cache disk tier under $OMLX_HOME/prompt-cache/: a size or `off`"),
     Setting("OMLX_MEMORY_PROBE", "real", choice("real", "fake"),
-            "`fake` reads memory from $OMLX_HOME/fake_probe.json (tests only)"),
+            "`fake` reads memory from $OMLX_HOME/fake_probe.json (tests only)", group=TESTING),
     Setting("OMLX_BLAS", "auto", choice("auto", "openblas", "mkl", "off"),
-            "BLAS loaded before MLX on the CPU backend: `auto` = OpenBLAS, else MKL; `off` = MLX's bundled one"),
+            "BLAS loaded before MLX on the CPU backend: `auto` = OpenBLAS, else MKL; `off` = MLX's bundled one", group=TUNING),
     Setting("OMLX_CPU_DEQUANTIZE", "auto", choice("auto", "on", "off"),
             "serve quantized models as float32 on the CPU backend: `auto` = when the float32 size fits the model budget"),
 ]
 
 
+Size = int | Literal["auto", "off"]
+
+
 @dataclass(frozen=True)
 class Settings:
-    values: dict[str, Any] = field(default_factory=dict)
+    """The typed values of SETTINGS; each field is its setting's name without OMLX_, lower case."""
+    home: Path
+    model_dirs: tuple[Path, ...]          # resolved: the default folders when OMLX_MODEL_DIRS is empty
+    host: str
+    port: int
+    api_key: str
+    allowed_hosts: tuple[str, ...]
+    metrics_public: bool
+    shutdown_grace: float
+    header_timeout: float
+    idle_timeout: float
+    max_model_memory: Size
+    max_loaded_models: int
+    idle_ttl: float | None
+    memory_ceiling: Size
+    memory_guard: str
+    soft_fraction: float
+    hard_fraction: float
+    admission_wait: float
+    load_wait: float
+    admission_queue: int
+    max_concurrent: int
+    queue_per_model: int
+    prefill_step: int
+    load_group_bytes: int
+    sse_keepalive: float | None
+    context_fallback: int
+    prompt_chars_per_token: int
+    max_messages: int
+    max_tools: int
+    max_stop_length: int
+    switch_interval: float
+    telemetry_days: float
+    db_busy_timeout: float
+    storage_settle: float
+    prompt_cache_bytes: Size
+    prompt_cache_entries: int
+    prompt_cache_disk_bytes: Size
+    memory_probe: str
+    blas: str
+    cpu_dequantize: str
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.values[name]
-        except KeyError:
-            raise AttributeError(name) from None
+    def with_values(self, **changes: Any) -> "Settings":
+        """A copy with some values replaced (tests, benchmarks)."""
+        return replace(self, **changes)
 
-    @property
-    def model_dirs(self) -> list[Path]:
-        if self.values["model_dirs"]:
-            return self.values["model_dirs"]
-        dirs = [self.home / "models"]
-        if _hf_cache().is_dir():
-            dirs.append(_hf_cache())
-        return dirs
+    @classmethod
+    def from_environ(cls, environ: dict[str, str] | None = None) -> "Settings":
+        environ = dict(os.environ if environ is None else environ)
+        values = {attr_name(s.name): _parsed(s, environ.get(s.name, s.default)) for s in SETTINGS}
+        values["model_dirs"] = tuple(values["model_dirs"]) or _default_model_dirs(values["home"])
+        values["allowed_hosts"] = tuple(values["allowed_hosts"])
+        return cls(**values)
+
 
 
 class ImproperlyConfigured(ValueError):
     pass
 
 
-def _attr(name: str) -> str:
+def attr_name(name: str) -> str:
     return name.removeprefix("OMLX_").lower()
+
+
+def _parsed(setting: Setting, raw: str) -> Any:
+    try:
+        return setting.parse(raw)
+    except ValueError as e:
+        raise ImproperlyConfigured(f"{setting.name}={raw!r}: {e}") from e
+
+
+def _default_model_dirs(home: Path) -> tuple[Path, ...]:
+    cache = _hf_cache()
+    return (home / "models", cache) if cache.is_dir() else (home / "models",)
+
+
+def setting_fields() -> set[str]:
+    return {f.name for f in fields(Settings)}
 
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    values = {}
-    for s in SETTINGS:
-        raw = os.environ.get(s.name, s.default)
-        try:
-            values[_attr(s.name)] = s.parse(raw)
-        except ValueError as e:
-            raise ImproperlyConfigured(f"{s.name}={raw!r}: {e}") from e
-    return Settings(values)
+    return Settings.from_environ()
 
 
 def read_setting(name: str) -> Any:
     """One setting parsed from the environment now, uncached (for code that runs before Django)."""
-    s = next(s for s in SETTINGS if s.name == name)
-    raw = os.environ.get(s.name, s.default)
-    try:
-        return s.parse(raw)
-    except ValueError as e:
-        raise ImproperlyConfigured(f"{s.name}={raw!r}: {e}") from e
+    setting = next(s for s in SETTINGS if s.name == name)
+    return _parsed(setting, os.environ.get(setting.name, setting.default))
 
 
 def reload_settings() -> Settings:

@@ -197,15 +197,14 @@ class Core:
 
     def __init__(self, models_dir: Path, *, specs: dict[str, Spec] | None = None, **settings):
         from pool.admission import Admission
-        from pool.conf import Settings, get_settings
+        from pool.conf import get_settings
         from pool.engine_pool import EnginePool
         from pool.enforcer import ProcessMemoryEnforcer
         from pool.serving import Serving
 
-        values = {**get_settings().values, "model_dirs": [models_dir], "max_model_memory": "off",
-                  "max_loaded_models": 0, "idle_ttl": None, "memory_ceiling": "off", "admission_wait": 0.2,
-                  "admission_queue": 4, **settings}
-        self.conf = Settings(values)
+        values = {"model_dirs": (models_dir,), "max_model_memory": "off", "max_loaded_models": 0, "idle_ttl": None,
+                  "memory_ceiling": "off", "admission_wait": 0.2, "admission_queue": 4, **settings}
+        self.conf = get_settings().with_values(**values)
         self.memory = Memory()
         self.probe = FakeProbe(self.memory)
         self.clock = Clock()

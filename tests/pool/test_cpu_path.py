@@ -12,7 +12,7 @@ import pytest
 
 import pool.blas
 from pool.blas import cpu_backend
-from pool.conf import ImproperlyConfigured, Settings, get_settings, read_setting, reload_settings
+from pool.conf import ImproperlyConfigured, get_settings, read_setting, reload_settings
 from pool.discovery import dense_size, discover, weights_size
 from tests.conftest import DEMO, ROOT
 from tests.fakes import FakeProbe, Memory
@@ -114,7 +114,7 @@ def test_parsing(monkeypatch, name, raw, expected):
 def pool_over(models: Path, **values):
     from pool.engine_pool import EnginePool
 
-    conf = Settings({**get_settings().values, "model_dirs": [models], **values})
+    conf = get_settings().with_values(model_dirs=(models,), **values)
     engines = EnginePool(conf, FakeProbe(Memory(total=24 * 2**30)), engine_factory=None)
     engines.rediscover()
     return engines.entries[DEMO].size_bytes
