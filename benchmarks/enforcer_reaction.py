@@ -48,11 +48,9 @@ async def one_run(pool, enforcer, probe, lines, target: str) -> float | None:
 
 
 async def measure(args, *, wake: bool) -> list[float]:
-    from pool.admission import Admission
-    from pool.conf import Settings, get_settings
-    from pool.engine_pool import EnginePool
-    from pool.enforcer import ProcessMemoryEnforcer
-    from pool.engines.native import reclaim_cache
+    from pool.conf import get_settings
+    from pool.engines.memory_release import reclaim_cache
+    from pool.host.local import LocalHost
     from pool.memory import RealProbe
     from pool.policy.pressure import pressure_lines
     from pool.runtime import WAKES_ENFORCER
@@ -64,7 +62,8 @@ async def measure(args, *, wake: bool) -> list[float]:
         conf = get_settings().with_values(model_dirs=(Path(models_dir),), max_model_memory="off",
                                           memory_ceiling="off", idle_ttl=None)
         probe = RealProbe()
-        pool = EnginePool(conf, probe)
+        host = LocalHost(conf, probe)
+        pool, enforcer = host.pool, host.enforcer
         pool.rediscover()
         names = [f.name for f in folders]
         results, actions = [], []
@@ -75,9 +74,8 @@ async def measure(args, *, wake: bool) -> list[float]:
             await asyncio.to_thread(reclaim_cache)  # the baseline must not hold trimmable heap
             two = probe.read().usage
             ceiling = int((two + args.margin_mb * MB) / 0.90)
-            conf.values["memory_ceiling"] = ceiling
+            enforcer.conf = host.gate.conf = conf.with_values(memory_ceiling=ceiling)
             lines = pressure_lines(ceiling)
-            enforcer = ProcessMemoryEnforcer(pool, probe, Admission(conf, probe))
             if not wake:
                 enforcer.wake = lambda: None
                 enforcer._next_interval = lambda: 1.0
@@ -91,7 +89,9 @@ async def measure(args, *, wake: bool) -> list[float]:
             actions.extend(e["reason"] for e in list(pool.events.recent)[before:])
             await enforcer.stop()
             pool.events.listeners.remove(listener)
-            conf.values["memory_ceiling"] = "off"
+            enforcer.conf = host.gate.conf = conf
+            for name in ("wake", "_next_interval"):
+                enforcer.__dict__.pop(name, None)
             for name in names:
                 await pool.unload(name, force=True)
         await pool.shutdown()

@@ -14,7 +14,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from pool import services
 from pool.broadcast import GROUP
-from pool.errors import BadRequest, PoolError
+from pool.errors import InvalidRequest, PoolError
 from pool.runtime import ensure_started
 from pool.strict_json import dumps_finite, loads_strict
 
@@ -82,30 +82,29 @@ class PoolConsumer(AsyncJsonWebsocketConsumer):
 
     async def act(self, message: Any) -> dict:
         if not isinstance(message, dict):
-            raise BadRequest('send a JSON object: {"action": ..., "model": ...}')
+            raise InvalidRequest('send a JSON object: {"action": ..., "model": ...}')
         action, model = message.get("action"), message.get("model")
         if action not in ACTIONS:
-            raise BadRequest(f"unknown action {action!r}; known: {', '.join(ACTIONS)}")
+            raise InvalidRequest(f"unknown action {action!r}; known: {', '.join(ACTIONS)}")
         if not isinstance(model, str) or not model:
-            raise BadRequest("'model' must be a model id")
+            raise InvalidRequest("'model' must be a model id")
         runtime = await ensure_started()
-        pool = runtime.pool
-        model_id = pool.resolve(model).id
+        router = runtime.router
+        model_id = router.resolve(model).model_id
         if action in ("pin", "unpin"):
-            await services.update_model_settings(pool=pool, model_id=model_id,
-                                                changes={"is_pinned": action == "pin"})
+            await services.update_model_settings(router=router, name=model_id, changes={"is_pinned": action == "pin"})
         elif action == "set_ttl":
             if "ttl_seconds" not in message:
-                raise BadRequest("'set_ttl' needs 'ttl_seconds': seconds, or null for the global default")
-            await services.update_model_settings(pool=pool, model_id=model_id,
+                raise InvalidRequest("'set_ttl' needs 'ttl_seconds': seconds, or null for the global default")
+            await services.update_model_settings(router=router, name=model_id,
                                                 changes={"ttl_seconds": message["ttl_seconds"]})
         elif action == "load":
-            await self.settle(pool.load(model_id), action)
+            await self.settle(router.load(model_id), action)
         else:
             force = message.get("force", False)
             if not isinstance(force, bool):
-                raise BadRequest("'force' must be true or false")
-            await self.settle(pool.unload(model_id, force=force), action)
+                raise InvalidRequest("'force' must be true or false")
+            await self.settle(router.unload(model_id, force=force), action)
         return runtime.snapshot()
 
     async def settle(self, coro, action: str) -> None:

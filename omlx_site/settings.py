@@ -30,7 +30,7 @@ DEBUG = False
 # this machine is refused). `serve` recomputes it for its --host, without the test client's name.
 ALLOWED_HOSTS = [*hosts_for(OMLX.host, OMLX.allowed_hosts), "testserver"]
 # A refused CSRF check answers the API's envelope on API paths, Django's page elsewhere.
-CSRF_FAILURE_VIEW = "pool.api.errors_views.csrf_failure"
+CSRF_FAILURE_VIEW = "pool.api.django_handlers.csrf_failure"
 
 INSTALLED_APPS = [
     "daphne",

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from pool.api.errors_views import bad_request, not_found, server_error
+from pool.api.django_handlers import bad_request, not_found, server_error
 
 urlpatterns = [
     path("", include("pool.api.urls")),

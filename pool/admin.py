@@ -14,7 +14,7 @@ def _apply_to_running_pool(model_id: str, values: dict) -> None:
         return
 
     async def apply():
-        _runtime.pool.apply_settings(model_id, values)
+        _runtime.router.apply_model_settings(model_id, values)
     async_to_sync(apply)()
 
 

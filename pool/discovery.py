@@ -3,7 +3,7 @@
 Layouts: flat `dir/<name>/`, organised `dir/<org>/<name>/` (id `<name>`), and the Hugging Face
 cache `dir/models--Org--Name/snapshots/<rev>/`, resolved through `refs/main` (id `Org/Name`).
 Adapter folders (adapter_config.json) are skipped. The first folder found for an id wins.
-Each folder is a chat model or an embedding model (`model_kind`).
+Each folder is of one kind of model (pool/kinds.py: a chat model or an embedding model).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from .kinds import CHAT, Kind, folder_kind
 
-CHAT, EMBEDDINGS = "chat", "embeddings"    # what a model serves: /v1/chat/completions & co, or /v1/embeddings
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -26,29 +26,7 @@ class ModelFolder:
     path: Path
     size_bytes: int
     dense_bytes: int | None = None   # float32 size once dequantized; None when not quantized
-    kind: str = CHAT                 # or EMBEDDINGS (model_kind)
-
-
-# Encoder-only architectures: they make vectors, never text.
-ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "modernbert", "nomic_bert"})
-
-
-def model_kind(config: dict, *, sentence_transformers: bool) -> str:
-    """What a folder serves: a sentence-transformers folder (modules.json) or an encoder-only
-    architecture serves embeddings; anything else chat. (Which encoders load is the engine's
-    business: pool.engines.embedding_model says so at load time.)"""
-    if sentence_transformers or config.get("model_type") in ENCODER_TYPES:
-        return EMBEDDINGS
-    return CHAT
-
-
-def folder_kind(path: Path) -> str:
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        config = {}
-    return model_kind(config if isinstance(config, dict) else {},
-                      sentence_transformers=(path / "modules.json").is_file())
+    kind: Kind = CHAT
 
 
 def is_model_folder(path: Path) -> bool:

@@ -64,8 +64,7 @@ def _per_model(models: list[dict], rows, family):
 
 
 class Metrics:
-    def __init__(self, pool, snapshot: Callable[[], dict[str, Any]]):
-        self.pool = pool
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]):
         self.registry = CollectorRegistry(auto_describe=False)
         self.requests = Counter("requests", "Requests that reached the pool, by model.", ["model"],
                                 registry=self.registry)
@@ -73,7 +72,12 @@ class Metrics:
         self.evictions = Counter("evictions", "Models unloaded, by reason.", ["reason"], registry=self.registry)
         self.admission_rejections = Counter("admission_rejections", "Requests refused by admission, by reason.",
                                             ["reason"], registry=self.registry)
-        self.registry.register(_SnapshotCollector(pool, snapshot))
+        self._snapshot = snapshot
+
+    def watch(self, pool) -> None:
+        """Count the pool's changes as they happen, and read its gauges at each scrape."""
+        pool.events.subscribe(self.on_pool_change)
+        self.registry.register(_SnapshotCollector(pool, self._snapshot))
 
     # ---- counted as they happen --------------------------------------------------------------
 

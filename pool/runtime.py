@@ -1,4 +1,6 @@
-"""The one pool, enforcer and broadcaster of this server process, started once.
+"""The runtime of this server process, built once: this process as a host (its engine pool, gate,
+door and enforcer), the router in front of it, the metrics, the telemetry and the dashboard's
+broadcaster.
 
 Daphne has no lifespan protocol: `serve` starts the runtime when the server is ready, and the
 first request starts it otherwise (never AppConfig.ready(), which also runs for migrate)."""
@@ -10,30 +12,29 @@ import logging
 import time
 
 from .conf import get_settings
-from .admission import Admission
-from .engine_pool import EnginePool
 from .errors import ServerNotReady
 from .events import EventLog, PoolChange
+from .host.local import LocalHost
 from .memory import make_probe
 from .policy.vocabulary import Change
-from .serving import Serving
+from .router import Router
 
 log = logging.getLogger(__name__)
 
 # A runtime that failed to start is tried again by a request at most this often.
 START_RETRY_SECONDS = 5.0
 
-# Pool changes that can move memory or the TTL clock: the enforcer looks at once. Not its own
-# ticks and events: its output must not wake it again.
-WAKES_ENFORCER = frozenset({Change.REQUEST_START, Change.REQUEST_END, Change.LOAD_START, Change.LOAD_END,
-                            Change.UNLOAD, Change.SETTINGS})
+# Pool changes that move memory: the enforcer looks at once. Not a request's start or end (its KV
+# growth wakes it, by steps), not its own ticks and events. A request's end moves the TTL clock:
+# the enforcer re-reads when the next idle model expires, without a tick.
+WAKES_ENFORCER = frozenset({Change.LOAD_START, Change.LOAD_END, Change.UNLOAD, Change.SETTINGS, Change.KV_GROWTH})
+RESCHEDULES_ENFORCER = frozenset({Change.REQUEST_END})
 
 
 class Runtime:
     def __init__(self):
         from . import storage
         from .broadcast import Broadcaster
-        from .enforcer import ProcessMemoryEnforcer
         from .metrics import Metrics
         from .services import record_event
         from .telemetry import Telemetry
@@ -41,19 +42,18 @@ class Runtime:
         self.settings = get_settings()
         self.probe = make_probe(self.settings)
         self.events = EventLog(recorder=record_event)
-        self.pool = EnginePool(self.settings, self.probe, events=self.events)
-        self.probe.prompt_cache_bytes = self.pool.prompt_cache_bytes   # reclaimable, for the enforcer
-        self.metrics = Metrics(self.pool, snapshot=self.snapshot)
-        self.admission = Admission(self.settings, self.probe, on_reject=self.metrics.admission_rejected)
-        self.serving = Serving(self.pool, self.admission)
         self.telemetry = Telemetry(self.settings.home / "telemetry.sqlite3",
                                    retention_days=self.settings.telemetry_days)
-        self.enforcer = ProcessMemoryEnforcer(self.pool, self.probe, self.admission, telemetry=self.telemetry)
+        self.metrics = Metrics(snapshot=self.snapshot)
+        self.host = LocalHost(self.settings, self.probe, events=self.events, telemetry=self.telemetry,
+                              on_reject=self.metrics.admission_rejected)
+        self.metrics.watch(self.host.pool)
+        self.probe.prompt_cache_bytes = self.host.pool.prompt_cache_bytes   # reclaimable, for the enforcer
+        self.router = Router([self.host])
         self.broadcaster = Broadcaster(self)
         # this runtime's record (tests build several in one process)
         storage.health.reset(settle_seconds=self.settings.storage_settle)
         self.metrics.registry.register(storage.StorageCollector(storage.health))
-        self.events.subscribe(self.metrics.on_pool_change)
         self.events.subscribe(self._on_pool_change)
         self.started = False
         self.failure: str | None = None     # why the last start failed; /health shows it
@@ -62,12 +62,13 @@ class Runtime:
 
     def _on_pool_change(self, change: PoolChange) -> None:
         if change.kind in WAKES_ENFORCER:
-            self.enforcer.wake()
+            self.host.enforcer.wake()
+        elif change.kind in RESCHEDULES_ENFORCER:
+            self.host.enforcer.reschedule()
         self.broadcaster.schedule()
 
     def snapshot(self) -> dict:
-        from .snapshot import build
-        return build(self.pool, self.probe.read(), self.enforcer.state())
+        return self.host.state()
 
     async def start(self) -> None:
         """Start once. A failure is kept (and logged once, with its traceback) instead of raised:
@@ -91,27 +92,23 @@ class Runtime:
         from .services import load_all_settings, recent_events
 
         self.events.watch_storage()     # data folder faults and recoveries become events
-        self.pool.rediscover()
-        await load_all_settings(self.pool)
+        self.router.rediscover()
+        await load_all_settings(self.router)
         self.events.remember(list(reversed(await recent_events(limit=50))))
-        self.enforcer.start()
-        await self.pool.preload_pinned()
+        await self.host.start()
         self.started = True
-        log.info("pool ready: %d models in %s", len(self.pool.entries),
+        log.info("pool ready: %d models in %s", len(self.router.models()),
                  ", ".join(str(d) for d in self.settings.model_dirs))
 
     def end_requests(self, message: str, code: str) -> None:
         """Shutdown's grace is over: every running request ends with this error (an SSE error
         chunk, or a 503 envelope); the models stay loaded until stop()."""
-        for entry in self.pool.entries.values():
-            if entry.engine is not None:
-                entry.engine.abort_all(message, code)
+        self.host.end_requests(message, code)
 
     async def stop(self) -> None:
         log.info("stopping: ending engine threads")
-        await self.enforcer.stop()
+        await self.host.stop()
         self.telemetry.close()
-        await self.pool.shutdown()
         await self.events.close()       # history rows the database could not take yet: a last try
         self.broadcaster.close()
 
@@ -124,10 +121,6 @@ def get_runtime() -> Runtime:
     if _runtime is None:
         _runtime = Runtime()
     return _runtime
-
-
-def get_pool() -> EnginePool:
-    return get_runtime().pool
 
 
 async def ensure_started() -> Runtime:

@@ -23,7 +23,7 @@ from django.core.exceptions import ValidationError
 from django.db import DatabaseError, connection, transaction
 
 from . import storage
-from .errors import BadRequest
+from .errors import InvalidRequest
 from .models import EvictionEvent, ModelSettings
 from .strict_json import has_lone_surrogate
 
@@ -54,7 +54,7 @@ def coerce_settings(body: Any) -> dict[str, Any]:
     """A JSON object of settings -> field values, checking JSON types only (the ranges are the
     model's). Unknown keys and oMLX's names are handled here."""
     if not isinstance(body, dict):
-        raise BadRequest("the body must be a JSON object")
+        raise InvalidRequest("the body must be a JSON object")
     clean = {}
     for key, value in body.items():
         name = OMLX_NAMES.get(key, key)
@@ -62,33 +62,33 @@ def coerce_settings(body: Any) -> dict[str, Any]:
             continue
         kind = SETTINGS_FIELDS.get(name)
         if kind is None:
-            raise BadRequest(f"unknown setting '{key}'; known: {', '.join(SETTINGS_FIELDS)}", param=key)
+            raise InvalidRequest(f"unknown setting '{key}'; known: {', '.join(SETTINGS_FIELDS)}", param=key)
         if value is None and kind is not bool:
             clean[name] = "" if name in _TEXT else None
             continue
         if kind is bool and not isinstance(value, bool):
-            raise BadRequest(f"'{key}' must be true or false", param=key)
+            raise InvalidRequest(f"'{key}' must be true or false", param=key)
         if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise BadRequest(f"'{key}' must be a non-negative integer", param=key)
+            raise InvalidRequest(f"'{key}' must be a non-negative integer", param=key)
         if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise BadRequest(f"'{key}' must be a number", param=key)
+            raise InvalidRequest(f"'{key}' must be a number", param=key)
         if kind is str and not isinstance(value, str):
-            raise BadRequest(f"'{key}' must be a string", param=key)
+            raise InvalidRequest(f"'{key}' must be a string", param=key)
         if kind is str and has_lone_surrogate(value):     # SQLite cannot store it (a 500 otherwise)
-            raise BadRequest(f"'{key}' holds a lone surrogate (\\ud800-\\udfff without its pair)", param=key)
+            raise InvalidRequest(f"'{key}' holds a lone surrogate (\\ud800-\\udfff without its pair)", param=key)
         clean[name] = value
     if clean.get("alias") == "":
         clean["alias"] = None
     return clean
 
 
-def invalid_settings(error: ValidationError) -> BadRequest:
+def invalid_settings(error: ValidationError) -> InvalidRequest:
     """The model's validation error as the API's: "'top_p' must be in (0, 1]", naming the field."""
     field, messages = next(iter(error.message_dict.items()))
     text = " ".join(m.rstrip(".") for m in messages)
     if field == "__all__":
-        return BadRequest(text)
-    return BadRequest(f"'{field}' {text}", param=field)
+        return InvalidRequest(text)
+    return InvalidRequest(f"'{field}' {text}", param=field)
 
 
 def busy_seconds() -> float:
@@ -129,7 +129,7 @@ def busy_timeout(seconds: float) -> Iterator[None]:
 
 def write_model_settings(*, model_id: str, changes: dict[str, Any]) -> dict[str, Any]:
     """Apply a partial change to the model's row (created if missing) after the model's own
-    validation; a ValidationError becomes a BadRequest naming the field, a storage fault a 503/507
+    validation; a ValidationError becomes a InvalidRequest naming the field, a storage fault a 503/507
     (pool/storage.py). Returns the settings."""
     with storing(f"a settings write for {model_id}"), transaction.atomic():
         row = ModelSettings.objects.filter(model_id=model_id).first() or ModelSettings(model_id=model_id)
@@ -143,23 +143,23 @@ def write_model_settings(*, model_id: str, changes: dict[str, Any]) -> dict[str,
     return settings_dict(row, model_id)
 
 
-async def update_model_settings(*, pool, model_id: str, changes: dict[str, Any]) -> dict[str, Any]:
-    """Persist a partial change (a JSON body) and apply it to the running pool at once."""
-    entry = pool.resolve(model_id)
-    values = await sync_to_async(write_model_settings)(model_id=entry.id, changes=coerce_settings(changes))
-    pool.apply_settings(entry.id, values)
+async def update_model_settings(*, router, name: str, changes: dict[str, Any]) -> dict[str, Any]:
+    """Persist a partial change (a JSON body) and apply it to the running router and hosts at once."""
+    model_id = router.resolve(name).model_id
+    values = await sync_to_async(write_model_settings)(model_id=model_id, changes=coerce_settings(changes))
+    router.apply_model_settings(model_id, values)
     return values
 
 
-async def get_model_settings(*, pool, model_id: str) -> dict[str, Any]:
-    entry = pool.resolve(model_id)
-    row = await ModelSettings.objects.filter(model_id=entry.id).afirst()
-    return settings_dict(row, entry.id)
+async def get_model_settings(*, router, name: str) -> dict[str, Any]:
+    model_id = router.resolve(name).model_id
+    row = await ModelSettings.objects.filter(model_id=model_id).afirst()
+    return settings_dict(row, model_id)
 
 
-async def load_all_settings(pool) -> None:
+async def load_all_settings(router) -> None:
     async for row in ModelSettings.objects.all():
-        pool.apply_settings(row.model_id, settings_dict(row, row.model_id))
+        router.apply_model_settings(row.model_id, settings_dict(row, row.model_id))
 
 
 def _fault(error: DatabaseError) -> storage.Fault | None:

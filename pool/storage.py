@@ -30,7 +30,7 @@ from typing import Callable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from .errors import DatabaseBusy, PoolError, ServiceUnavailable, StorageUnavailable
+from .errors import DatabaseBusy, PoolError, Busy, StorageUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def client_error(fault: Fault, *, retry_after: float) -> PoolError:
         return StorageUnavailable("The data folder's disk is full; nothing was changed.", code="storage_full")
     if fault == Fault.READ_ONLY:
         return StorageUnavailable("The data folder is read-only; nothing was changed.", code="storage_read_only")
-    return ServiceUnavailable("The data folder could not be written (an I/O error); nothing was changed.",
+    return Busy("The data folder could not be written (an I/O error); nothing was changed.",
                               code="storage_error", retry_after=max(1, math.ceil(retry_after)))
 
 

@@ -11,8 +11,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pool.engines.types import (CacheStats, Chunk, LoadAborted, LoadResult, ReleaseResult, RequestAborted,
-                                SamplingParams)
+from pool.engines.protocol import (CacheStats, Chunk, LoadAborted, LoadResult, ReleaseResult, RequestAborted,
+                                   SamplingParams)
 from pool.memory import MemoryReading
 
 MODEL_INFO = {"layers": 2, "kv_heads": 1, "head_dim": 4, "bytes_per_element": 2, "context_length": 256}
@@ -59,14 +59,18 @@ class FakeProbe:
 
 
 class FakeEngine:
-    """Loads in `load_seconds` (abortable), streams `tokens` chunks of "t " `token_seconds` apart."""
+    """A TextGenerator (pool/engines/protocol.py) that loads in `load_seconds` (abortable) and streams
+    `tokens` chunks of "t " `token_seconds` apart."""
 
-    def __init__(self, model_id: str, path: Path, factory: "FakeEngines", *, prompt_cache_bytes: int = 0,
-                 **cache_options):
+    tokenizer = None
+    vocab_size = None
+
+    def __init__(self, model_id: str, path: Path, factory: "FakeEngines", *, prompt_cache=None, **options):
         self.model_id, self.path, self.factory = model_id, path, factory
         self.abort_load = False
         self.model_info: dict = {}
-        self.prompt_cache_cap = prompt_cache_bytes
+        self.prompt_cache_cap = prompt_cache.max_bytes if prompt_cache is not None else 0
+        self.options = options
         self.prefill_step = 2048
         self._running: set[asyncio.Queue] = set()
 
@@ -122,7 +126,13 @@ class FakeEngine:
         for queue in list(self._running):
             queue.put_nowait(RequestAborted(message, code))
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    def trim_heap(self) -> None:
+        pass
+
+    def prepare_constraints(self) -> None:
+        pass
+
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         return self.encode_text(" ".join(m["content"] for m in messages))
 
     def encode_text(self, prompt: str) -> list[int]:
@@ -159,7 +169,7 @@ class Spec:
 
 
 class FakeEngines:
-    """The pool's engine_factory: `FakeEngines(memory, b=Spec(load_seconds=0.2))`. Counts loads."""
+    """The pool's engine_maker: `FakeEngines(memory, b=Spec(load_seconds=0.2))`. Counts loads."""
 
     def __init__(self, memory: Memory, **specs: Spec):
         self.memory = memory
@@ -174,7 +184,7 @@ class FakeEngines:
     def memory_bytes(self, model_id: str, path: Path) -> int:
         return json.loads((path / "config.json").read_text()).get("fake_bytes", 0)
 
-    def __call__(self, model_id: str, path: Path, **options) -> FakeEngine:
+    def __call__(self, kind, model_id: str, path: Path, **options) -> FakeEngine:
         engine = FakeEngine(model_id, path, self, **options)
         self.engines[model_id] = engine
         return engine
@@ -192,15 +202,13 @@ def model_folders(root: Path, **sizes: int) -> Path:
 
 
 class Core:
-    """The pool, its admission gate, the serving door and the enforcer over fake engines and a fake
-    probe, in this event loop: what Runtime wires, minus Django, the database and the broadcaster."""
+    """This process as a host (pool/host/local.py) over fake engines and a fake probe, behind the
+    router, in this event loop: what Runtime wires, minus Django, the database and the broadcaster."""
 
     def __init__(self, models_dir: Path, *, specs: dict[str, Spec] | None = None, **settings):
-        from pool.admission import Admission
         from pool.conf import get_settings
-        from pool.engine_pool import EnginePool
-        from pool.enforcer import ProcessMemoryEnforcer
-        from pool.serving import Serving
+        from pool.host.local import LocalHost
+        from pool.router import Router
 
         values = {"model_dirs": (models_dir,), "max_model_memory": "off", "max_loaded_models": 0, "idle_ttl": None,
                   "memory_ceiling": "off", "admission_wait": 0.2, "admission_queue": 4, **settings}
@@ -209,11 +217,10 @@ class Core:
         self.probe = FakeProbe(self.memory)
         self.clock = Clock()
         self.engines = FakeEngines(self.memory, **(specs or {}))
-        self.pool = EnginePool(self.conf, self.probe, clock=self.clock, engine_factory=self.engines)
-        self.admission = Admission(self.conf, self.probe)
-        self.serving = Serving(self.pool, self.admission)
-        self.enforcer = ProcessMemoryEnforcer(self.pool, self.probe, self.admission)
-        self.pool.rediscover()
+        self.host = LocalHost(self.conf, self.probe, clock=self.clock, engine_maker=self.engines)
+        self.pool, self.gate, self.enforcer = self.host.pool, self.host.gate, self.host.enforcer
+        self.router = Router([self.host])
+        self.router.rediscover()
 
     def states(self) -> dict[str, str]:
         return {e.id: str(e.state) for e in self.pool.entries.values()}
@@ -222,8 +229,12 @@ class Core:
         """(action, reason, model) of every event, oldest first."""
         return [(str(e["action"]), str(e["reason"]), e["model"] or "") for e in self.pool.events.recent]
 
-    async def complete(self, model: str, **spec) -> list[Chunk]:
-        from pool.serving import CompletionSpec
+    def settings(self, model_id: str, **values) -> None:
+        """A ModelSettings row's values, as the admin or the API would set them."""
+        self.router.apply_model_settings(model_id, values)
 
-        async with await self.serving.open_completion(CompletionSpec(model=model, prompt="a b c", **spec)) as c:
+    async def complete(self, model: str, **spec) -> list[Chunk]:
+        from pool.serving.completion import CompletionSpec
+
+        async with await self.router.generate(CompletionSpec(model=model, prompt="a b c", **spec)) as c:
             return [chunk async for chunk in c.chunks()]

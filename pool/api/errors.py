@@ -1,73 +1,112 @@
-"""Every error a client can get, rendered in one place: OpenAI's envelope, or Anthropic's on the
-Messages routes. Both come from the same domain errors (pool/errors.py)."""
+"""Every error a client can get, rendered in one place: the table below gives each core error
+(pool/errors.py) and each of the API's own its HTTP status and its type in each dialect; the dialect
+(dialects.py) words it and frames it. Never a traceback in a body."""
 
 from __future__ import annotations
 
-import json
 import logging
+import math
+from dataclasses import dataclass
 
 from django.http import JsonResponse
 
-from ..errors import PoolError
+from ..errors import (Busy, EngineFailure, InsufficientMemory, InvalidRequest, LoadAborted, ModelBusy,
+                      ModelNotFound, ModelUnavailable, PoolError, StorageUnavailable)
+from .dialects import ANTHROPIC, OPENAI, Dialect
 
 log = logging.getLogger("pool.api")
-
-OPENAI, ANTHROPIC = "openai", "anthropic"
-ANTHROPIC_PATHS = ("/v1/messages",)
-
-# Anthropic's error types by its status codes. It answers 529 where OpenAI-style servers answer 503;
-# a status it has no type for (405, 409, 507) keeps its code with the nearest type.
-ANTHROPIC_STATUS = {503: 529}
-ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                   404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-                   500: "api_error", 529: "overloaded_error"}
-
-# The official SDKs retry 409 and 5xx by default; these cannot change by retrying (a model too large,
-# a failed load), and the SDKs honour this header. 503s keep Retry-After instead.
-NO_RETRY_STATUSES = (409, 507)
 
 INTERNAL = "The server failed while handling the request; see its log."
 
 
-def style_for_path(path: str) -> str:
-    return ANTHROPIC if path.startswith(ANTHROPIC_PATHS) else OPENAI
+# ---- the API's own errors: about the HTTP request, not the models -----------------------------------
+
+class Unauthorized(PoolError):
+    code = "invalid_api_key"
 
 
-def status(error: PoolError, style: str = OPENAI) -> int:
-    return ANTHROPIC_STATUS.get(error.status, error.status) if style == ANTHROPIC else error.status
+class Forbidden(PoolError):
+    code = "forbidden"
 
 
-def anthropic_type(status_code: int) -> str:
-    if status_code in ANTHROPIC_TYPES:
-        return ANTHROPIC_TYPES[status_code]
-    return "api_error" if status_code >= 500 else "invalid_request_error"
+class RouteNotFound(PoolError):
+    code = "not_found"
 
 
-def envelope(error: PoolError, style: str = OPENAI) -> dict:
-    if style == ANTHROPIC:
-        return {"type": "error", "error": {"type": anthropic_type(status(error, style)), "message": error.message}}
-    body = {"message": error.message, "type": error.type, "param": error.param, "code": error.code}
-    body.update(error.extra)
-    return {"error": body}
+class MethodNotAllowed(PoolError):
+    code = "method_not_allowed"
 
 
-def error_response(error: PoolError, style: str = OPENAI) -> JsonResponse:
-    code = status(error, style)
-    response = JsonResponse(envelope(error, style), status=code)
-    for name, value in error.headers.items():
-        response[name] = value
-    if code in NO_RETRY_STATUSES:
+class RequestTooLarge(PoolError):
+    code = "request_too_large"
+
+
+# ---- the table ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Row:
+    status: int
+    openai: str          # OpenAI's error type
+    anthropic: str       # Anthropic's
+
+
+ERRORS: dict[type[PoolError], Row] = {
+    InvalidRequest: Row(400, "invalid_request_error", "invalid_request_error"),
+    Unauthorized: Row(401, "authentication_error", "authentication_error"),
+    Forbidden: Row(403, "permission_error", "permission_error"),
+    ModelNotFound: Row(404, "invalid_request_error", "not_found_error"),
+    RouteNotFound: Row(404, "invalid_request_error", "not_found_error"),
+    MethodNotAllowed: Row(405, "invalid_request_error", "invalid_request_error"),
+    ModelUnavailable: Row(409, "invalid_request_error", "invalid_request_error"),
+    ModelBusy: Row(409, "invalid_request_error", "invalid_request_error"),
+    LoadAborted: Row(409, "invalid_request_error", "invalid_request_error"),
+    RequestTooLarge: Row(413, "invalid_request_error", "request_too_large"),
+    EngineFailure: Row(500, "server_error", "api_error"),
+    Busy: Row(503, "server_error", "overloaded_error"),
+    InsufficientMemory: Row(507, "server_error", "api_error"),
+    StorageUnavailable: Row(507, "server_error", "api_error"),
+    PoolError: Row(500, "server_error", "api_error"),
+}
+
+# The official SDKs retry 409 and 5xx by default; these cannot change by retrying (a model too large,
+# a failed load), and the SDKs honour this header. Busy answers carry Retry-After instead.
+NO_RETRY_STATUSES = (409, 507)
+
+
+def row(error: PoolError) -> Row:
+    return next(ERRORS[cls] for cls in type(error).__mro__ if cls in ERRORS)
+
+
+def status_of(error: PoolError, dialect: Dialect = OPENAI) -> int:
+    return dialect.status(row(error).status)
+
+
+def error_type(error: PoolError, dialect: Dialect = OPENAI) -> str:
+    return row(error).anthropic if dialect is ANTHROPIC else row(error).openai
+
+
+def envelope(error: PoolError, dialect: Dialect = OPENAI) -> dict:
+    return dialect.envelope(error, status_of(error, dialect), error_type(error, dialect))
+
+
+def error_response(error: PoolError, dialect: Dialect = OPENAI) -> JsonResponse:
+    status = status_of(error, dialect)
+    response = JsonResponse(envelope(error, dialect), status=status)
+    if isinstance(error, Busy):
+        response["Retry-After"] = str(max(1, math.ceil(error.retry_after)))
+    if status in NO_RETRY_STATUSES:
         response["x-should-retry"] = "false"
     return response
 
 
-def internal_error(exc: BaseException, style: str = OPENAI) -> JsonResponse:
+def internal_error(exc: BaseException, dialect: Dialect = OPENAI) -> JsonResponse:
     log.exception("unexpected error", exc_info=exc)
-    return error_response(PoolError(INTERNAL, code="internal_error"), style)
+    return error_response(PoolError(INTERNAL), dialect)
 
 
-def sse_error(error: PoolError, style: str = OPENAI) -> bytes:
-    """An error after the stream began: OpenAI's clients read it from a data line, Anthropic's from
-    an `error` event."""
-    data = json.dumps(envelope(error, style))
-    return (f"event: error\ndata: {data}\n\n" if style == ANTHROPIC else f"data: {data}\n\n").encode()
+def stream_error(error: BaseException, dialect: Dialect = OPENAI) -> bytes:
+    """What ends a stream that has begun, on any failure: the dialect's error event, then its end."""
+    if not isinstance(error, PoolError):
+        log.exception("unexpected error in a stream", exc_info=error)
+        error = PoolError(INTERNAL)
+    return dialect.stream_error(error, status_of(error, dialect), error_type(error, dialect)) + dialect.stream_end

@@ -9,9 +9,9 @@ import math
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 
-from ..conf import parse_duration
-from ..errors import BadRequest
-from ..policy.limits import too_many
+from ..conf import get_settings, parse_duration
+from ..errors import InvalidRequest
+from ..policy.limits import stop_problem, too_many
 from ..strict_json import loads_strict
 
 
@@ -19,13 +19,13 @@ def json_body(request) -> dict:
     try:
         raw = request.body
     except RequestDataTooBig:
-        raise BadRequest(f"The body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE // 2**20} MiB.") from None
+        raise InvalidRequest(f"The body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE // 2**20} MiB.") from None
     try:
         body = loads_strict(raw or b"")
     except (ValueError, UnicodeDecodeError) as e:
-        raise BadRequest(f"The body is not valid JSON: {e}") from None
+        raise InvalidRequest(f"The body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
-        raise BadRequest("The body must be a JSON object.")
+        raise InvalidRequest("The body must be a JSON object.")
     return body
 
 
@@ -34,9 +34,9 @@ def number(body, name, lo, hi, *, lo_open=False):
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise BadRequest(f"'{name}' must be a finite number", param=name)
+        raise InvalidRequest(f"'{name}' must be a finite number", param=name)
     if value < lo or value > hi or (lo_open and value == lo):
-        raise BadRequest(f"'{name}' must be {'>' if lo_open else '>='} {lo} and <= {hi}; got {value}", param=name)
+        raise InvalidRequest(f"'{name}' must be {'>' if lo_open else '>='} {lo} and <= {hi}; got {value}", param=name)
     return float(value)
 
 
@@ -45,16 +45,16 @@ def integer(body, name, *, minimum, maximum=2**63 - 1):
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"'{name}' must be an integer", param=name)
+        raise InvalidRequest(f"'{name}' must be an integer", param=name)
     if not minimum <= value <= maximum:
-        raise BadRequest(f"'{name}' must be between {minimum} and {maximum}", param=name)
+        raise InvalidRequest(f"'{name}' must be between {minimum} and {maximum}", param=name)
     return value
 
 
 def flag(body, name: str, *, default: bool) -> bool:
     value = body.get(name, default)
     if not isinstance(value, bool):
-        raise BadRequest(f"'{name}' must be true or false", param=name)
+        raise InvalidRequest(f"'{name}' must be true or false", param=name)
     return value
 
 
@@ -62,7 +62,7 @@ def check_count(value, name: str, limit: int, where: str | None = None) -> None:
     """A list longer than its documented limit: a 400 naming the field."""
     problem = too_many(len(value), limit) if isinstance(value, list) else None
     if problem:
-        raise BadRequest(f"{where or repr(name)} {problem}", param=name)
+        raise InvalidRequest(f"{where or repr(name)} {problem}", param=name)
 
 
 def keep_alive(body) -> float | None:
@@ -72,6 +72,23 @@ def keep_alive(body) -> float | None:
     try:
         seconds = parse_duration(value)
     except ValueError:
-        raise BadRequest("'keep_alive' must be seconds or a duration like \"5m\" (0 = unload after this "
+        raise InvalidRequest("'keep_alive' must be seconds or a duration like \"5m\" (0 = unload after this "
                          "request, -1 = keep loaded)", param="keep_alive") from None
     return -1.0 if seconds < 0 else seconds
+
+
+def stop_strings(value, *, name: str, where: str, max_count: int | None, strings_only: bool = False) -> tuple[str, ...]:
+    """A request's stop strings (OpenAI's `stop`: a string or a list; Anthropic's `stop_sequences`: a
+    list), checked against their documented limits (OMLX_MAX_STOP_LENGTH); empty ones dropped.
+    `where` is how the dialect names the field in a message."""
+    if value is None:
+        return ()
+    if isinstance(value, str) and not strings_only:
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        shape = "a list of strings" if strings_only else "a string or a list of strings"
+        raise InvalidRequest(f"{where} must be {shape}", param=name)
+    problem = stop_problem(value, max_count=max_count, max_chars=get_settings().max_stop_length)
+    if problem:
+        raise InvalidRequest(f"{where} {problem}", param=name)
+    return tuple(s for s in value if s)

@@ -11,29 +11,30 @@ from __future__ import annotations
 import asyncio
 import time
 
-from ..errors import ServiceUnavailable
-from .errors import ANTHROPIC, error_response, sse_error, style_for_path
+from ..errors import Busy
+from .dialects import for_path
+from .errors import error_response, stream_error
 
 SHUTTING_DOWN = "server_shutting_down"
 RETRY_AFTER = 5
 
 
-def shutdown_error() -> ServiceUnavailable:
-    return ServiceUnavailable("The server is shutting down; retry in a moment.", code=SHUTTING_DOWN,
+def shutdown_error() -> Busy:
+    return Busy("The server is shutting down; retry in a moment.", code=SHUTTING_DOWN,
                               retry_after=RETRY_AFTER)
 
 
 def closing_messages(*, started: bool, sse: bool, path: str) -> list[dict]:
     """The ASGI messages that end a request the server will not finish."""
-    style = style_for_path(path)
+    dialect = for_path(path)
     error = shutdown_error()
     if not started:
-        response = error_response(error, style)
+        response = error_response(error, dialect)
         headers = [(k.lower().encode(), v.encode()) for k, v in response.items()] + [(b"connection", b"close")]
         return [{"type": "http.response.start", "status": response.status_code, "headers": headers},
                 {"type": "http.response.body", "body": response.content}]
     if sse:
-        body = sse_error(error, style) + (b"" if style == ANTHROPIC else b"data: [DONE]\n\n")
+        body = stream_error(error, dialect)
         return [{"type": "http.response.body", "body": body}]
     return [{"type": "http.response.body", "body": b""}]
 

@@ -12,7 +12,6 @@ from typing import AsyncIterator, TypeVar
 T = TypeVar("T")
 
 KEEPALIVE = object()          # what `until_first` yields in place of a chunk that is late
-OPENAI_COMMENT = b": keep-alive\n\n"     # an SSE comment: every SSE reader skips it
 
 
 async def until_first(chunks: AsyncIterator[T], interval: float | None) -> AsyncIterator[T | object]:

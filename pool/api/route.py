@@ -1,6 +1,6 @@
 """The decorator every JSON route wears: method check, a JSON body on state-changing calls, Django's
-CSRF check on browser requests without the key, auth, the runtime started, errors rendered in the
-route's envelope (`errors=OPENAI` or `ANTHROPIC`, pool/api/errors.py)."""
+CSRF check on browser requests without the key, auth, the runtime ready, errors rendered in the
+route's dialect (`dialect=OPENAI` or `ANTHROPIC`, pool/api/dialects.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import functools
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
-from ..errors import BadRequest, MethodNotAllowed, PoolError
+from ..errors import InvalidRequest, PoolError
 from ..runtime import ensure_started
 from .auth import SAFE_METHODS, is_browser, key_valid, needs_csrf_check
-from .errors import OPENAI, error_response, internal_error
+from .dialects import OPENAI, Dialect
+from .errors import MethodNotAllowed, error_response, internal_error
 
 
 def is_json(content_type: str) -> bool:
@@ -26,7 +27,7 @@ def require_json_body(request) -> None:
     """A page on another site can post a form or text/plain without asking; a JSON body needs a
     CORS preflight this server never grants."""
     if request.method not in SAFE_METHODS and not is_json(request.content_type or ""):
-        raise BadRequest("State-changing calls take a JSON body: send 'Content-Type: application/json' "
+        raise InvalidRequest("State-changing calls take a JSON body: send 'Content-Type: application/json' "
                          "(the body may be {}).", code="unsupported_media_type")
 
 
@@ -38,7 +39,7 @@ def csrf_refusal(request):
     return CsrfViewMiddleware(lambda r: None).process_view(request, None, (), {})
 
 
-def api_route(*methods: str, auth=None, errors: str = OPENAI):
+def api_route(*methods: str, auth=None, dialect: Dialect = OPENAI):
     def decorate(view):
         # Django's middleware skips these views; csrf_refusal applies its rule where it belongs
         @csrf_exempt
@@ -47,7 +48,7 @@ def api_route(*methods: str, auth=None, errors: str = OPENAI):
             try:
                 if request.method not in methods:
                     error = MethodNotAllowed(f"{request.method} is not allowed here; use {', '.join(methods)}.")
-                    response = error_response(error, errors)
+                    response = error_response(error, dialect)
                     response["Allow"] = ", ".join(methods)
                     return response
                 require_json_body(request)
@@ -59,8 +60,8 @@ def api_route(*methods: str, auth=None, errors: str = OPENAI):
                 await ensure_started()
                 return await view(request, *args, **kwargs)
             except PoolError as e:
-                return error_response(e, errors)
+                return error_response(e, dialect)
             except Exception as e:  # noqa: BLE001 - never a traceback in a body
-                return internal_error(e, errors)
+                return internal_error(e, dialect)
         return wrapper
     return decorate

@@ -1,18 +1,19 @@
 from django.urls import path
 
-from . import embeddings
-from . import anthropic, openai, pool_routes, telemetry_routes
+from .anthropic import messages
+from .openai import chat, embeddings, models
+from .operator import pool_routes, telemetry_routes
 
 urlpatterns = [
     path("health", pool_routes.health),
     path("metrics", telemetry_routes.metrics),
-    path("v1/models", openai.list_models),
-    path("v1/models/<path:model_id>", openai.get_model),
-    path("v1/chat/completions", openai.chat_completions),
-    path("v1/completions", openai.completions),
+    path("v1/models", models.list_models),
+    path("v1/models/<path:model_id>", models.get_model),
+    path("v1/chat/completions", chat.chat_completions),
+    path("v1/completions", chat.completions),
     path("v1/embeddings", embeddings.embeddings),
-    path("v1/messages", anthropic.messages),
-    path("v1/messages/count_tokens", anthropic.count_tokens),
+    path("v1/messages", messages.messages),
+    path("v1/messages/count_tokens", messages.count_tokens),
     path("api/pool", pool_routes.pool_snapshot),
     path("api/evictions", pool_routes.evictions),
     path("api/telemetry", telemetry_routes.telemetry),

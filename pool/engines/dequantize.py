@@ -1,4 +1,5 @@
-"""Quantized models served as float32 on the CPU backend, when pool.policy.dequantize says so.
+"""Quantized models served as float32 on the CPU backend, when the pool has decided so
+(pool.policy.dequantize decides; the engine is told through LoadOptions.dequantize).
 
 Runs right after mlx-lm's lazy `load_model`: the quantized layers become plain ones whose weights are
 lazy `mx.dequantize(...).astype(float32)` graphs, so the loader's one-tensor-at-a-time evaluation
@@ -7,32 +8,9 @@ reads each quantized tensor and keeps only its dense result (no second copy of t
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import mlx.core as mx
 from mlx.utils import tree_map
 from mlx_lm.utils import dequantize_model
-
-from ..blas import cpu_backend
-from ..conf import get_settings
-from ..discovery import dense_size
-from ..memory import make_probe
-from ..policy.dequantize import dequantize_budget, should_dequantize
-
-
-def wanted(path: Path) -> bool:
-    """The pool's own decision (EnginePool._load_size), made again where the weights are loaded."""
-    settings = get_settings()
-    mode = settings.cpu_dequantize
-    cpu = cpu_backend() and not mx.metal.is_available() and not mx.cuda.is_available()
-    if mode == "off" or not cpu:
-        return False
-    dense = dense_size(path)
-    if dense is None:
-        return False
-    limit = settings.max_model_memory
-    capacity = 0 if isinstance(limit, int) else make_probe(settings).read().capacity
-    return should_dequantize(mode, cpu_backend=True, dense_bytes=dense, budget=dequantize_budget(limit, capacity))
 
 
 def _float32(array: mx.array) -> mx.array:
@@ -40,10 +18,8 @@ def _float32(array: mx.array) -> mx.array:
     return array.astype(mx.float32) if mx.issubdtype(array.dtype, mx.floating) and array.dtype != mx.float32 else array
 
 
-def dequantize_for_cpu(model, config: dict, path: Path):
-    """(model, config), dequantized to float32 when wanted (lazily: nothing is computed here)."""
-    if not wanted(path):
-        return model, config
+def dequantize_for_cpu(model, config: dict):
+    """(model, config), dequantized to float32 (lazily: nothing is computed here)."""
     # mlx-lm's dequantize_model keeps the scales' dtype (float16 in most published 4-bit models)
     dequantize_model(model)
     model.update(tree_map(_float32, model.parameters()))

@@ -18,8 +18,8 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generate_step, generation_stream
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache, trim_prompt_cache
 
-from .alone import Alone, Pending, can_run_alone, with_history
-from .types import KVConfig
+from .single_sequence import SingleSequence, Pending, can_run_single, with_history
+from .protocol import KVConfig
 
 SIMILAR_TOKENS = 64        # prompts up to this long always enter together (padding them costs little)
 ROTATING_KEEP = 4          # tokens a rotating cache always keeps at the start (mlx-lm's default)
@@ -67,7 +67,7 @@ def shortest_first(incoming: list[Pending], unstarted: list[int]) -> tuple[list[
 
 class BatchLane:
     """Requests of one KV configuration. While one request is alone in the default lane it decodes
-    through mlx-lm's single-sequence path (`Alone`); as soon as another arrives, both join the
+    through mlx-lm's single-sequence path (`SingleSequence`); as soon as another arrives, both join the
     `BatchGenerator`, and a request left alone in the batch leaves it again. Requests that arrive
     between two steps enter the batch together, so their prompts are read as one batch."""
 
@@ -76,10 +76,10 @@ class BatchLane:
         self._generator = BatchGenerator(model, stop_tokens=stop_tokens, stream=generation_stream,
                                          prefill_batch_size=prefill_batch, completion_batch_size=prefill_batch)
         self._stop = {t for seq in stop_tokens for t in seq if len(seq) == 1}
-        self._fast = config.max_kv_size is None and can_run_alone(model)
+        self._fast = config.max_kv_size is None and can_run_single(model)
         self._uids = itertools.count()
         self._incoming: list[Pending] = []
-        self._alone: Alone | None = None
+        self._single: SingleSequence | None = None
         self._in_batch: dict[int, int] = {}          # generator uid -> lane uid
         self._batched: dict[int, Pending] = {}       # lane uid -> how it entered (sampler, max_tokens)
         self._generated: dict[int, int] = {}         # lane uid -> tokens generated in the batch
@@ -100,8 +100,8 @@ class BatchLane:
 
     def step(self) -> list[Step]:
         self._place_incoming()
-        if self._alone is not None:
-            return self._step_alone()
+        if self._single is not None:
+            return self._step_single()
         steps = self._step_batch()
         self._maybe_leave_batch()
         return steps
@@ -109,12 +109,12 @@ class BatchLane:
     def _place_incoming(self) -> None:
         if not self._incoming:
             return
-        if self._fast and self._alone is None and not self._in_batch and len(self._incoming) == 1:
-            self._alone = Alone(self.model, self._incoming.pop(), self._stop)
+        if self._fast and self._single is None and not self._in_batch and len(self._incoming) == 1:
+            self._single = SingleSequence(self.model, self._incoming.pop(), self._stop)
             return
-        if self._alone is not None:          # company: the lone request joins the batch with them
-            self._incoming.insert(0, self._alone.handover())
-            self._alone = None
+        if self._single is not None:          # company: the lone request joins the batch with them
+            self._incoming.insert(0, self._single.handover())
+            self._single = None
         entering, self._incoming = shortest_first(self._incoming, self._unstarted_lengths())
         for pending in entering:
             self._to_batch(pending)
@@ -131,15 +131,15 @@ class BatchLane:
         self._batched[p.uid] = replace(p, cache=None, all_tokens=[])   # the generator holds the KV now
         self._generated[p.uid] = 0
 
-    def _step_alone(self) -> list[Step]:
-        alone = self._alone
+    def _step_single(self) -> list[Step]:
+        alone = self._single
         out = alone.step(self._prefill_step)
         if out is None:
             return []
         token, logprobs, finish = out
         if finish is None:
             return [Step(alone.uid, token, None, logprobs=logprobs)]
-        self._alone = None
+        self._single = None
         cache, tokens = alone.finished_cache()
         return [Step(alone.uid, token, finish, cache, tokens, logprobs)]
 
@@ -168,7 +168,7 @@ class BatchLane:
         cache, tokens = self._generator.remove([g], return_prompt_caches=True)[g]
         self._forget(g)
         trim_prompt_cache(cache, 1)           # the batch's look-ahead: feed its last token again
-        self._alone = Alone(self.model, Pending(uid, tokens[-1:], cache, tokens[:-1], remaining, entered.sampler,
+        self._single = SingleSequence(self.model, Pending(uid, tokens[-1:], cache, tokens[:-1], remaining, entered.sampler,
                                                 entered.processors), self._stop)
 
     def _forget(self, g: int) -> None:
@@ -179,8 +179,8 @@ class BatchLane:
     def remove(self, uid: int, *, keep_cache: bool = False):
         """Take a request out; with keep_cache, returns (its KV, its tokens) for the prompt cache."""
         self._incoming = [p for p in self._incoming if p.uid != uid]
-        if self._alone is not None and self._alone.uid == uid:
-            alone, self._alone = self._alone, None
+        if self._single is not None and self._single.uid == uid:
+            alone, self._single = self._single, None
             alone.close()
             return alone.finished_cache() if keep_cache else None
         g = next((g for g, u in self._in_batch.items() if u == uid), None)
@@ -193,20 +193,20 @@ class BatchLane:
     @property
     def alone_uid(self) -> int | None:
         """The request decoding on the single-sequence path, if one is."""
-        return self._alone.uid if self._alone is not None else None
+        return self._single.uid if self._single is not None else None
 
     @property
     def kv_bytes(self) -> int:
-        alone = self._alone.kv_bytes if self._alone is not None else 0
+        alone = self._single.kv_bytes if self._single is not None else 0
         return alone + (self._generator.prompt_cache_nbytes if self._in_batch else 0)
 
     @property
     def empty(self) -> bool:
-        return not (self._in_batch or self._incoming or self._alone is not None)
+        return not (self._in_batch or self._incoming or self._single is not None)
 
     def close(self) -> None:
-        if self._alone is not None:
-            self._alone.close()
+        if self._single is not None:
+            self._single.close()
         self._generator.close()
 
 

@@ -15,28 +15,32 @@ from mlx.utils import tree_flatten
 from mlx_lm.generate import generation_stream
 from mlx_lm.utils import load_model, load_tokenizer
 
-from ..conf import get_settings
 from .dequantize import dequantize_for_cpu
-from .native import ACCOUNTING
+from .memory_release import ACCOUNTING
 
 
-def load_weights(path: Path):
+DEFAULT_GROUP_BYTES = 64 * 2**20
+
+
+def load_weights(path: Path, *, dequantize: bool = False):
     """(model, tokenizer, config) with every weight evaluated."""
-    model, tokenizer, config = open_model(path)
+    model, tokenizer, config = open_model(path, dequantize=dequantize)
     fill_weights(model)
     return model, tokenizer, config
 
 
-def open_model(path: Path):
+def open_model(path: Path, *, dequantize: bool = False):
     """(model, tokenizer, config) with the weights not yet read: no memory taken but the tokenizer's.
-    The kernel is asked to read the weight files ahead meanwhile."""
+    The kernel is asked to read the weight files ahead meanwhile. With `dequantize` (the pool's
+    decision), a quantized model's weights become float32 as they are read."""
     eos = json.loads((path / "config.json").read_text()).get("eos_token_id")
     # The tokenizer first, the weights last: the memory arrives at the very end of the load,
     # where the load's wake-up lets the enforcer see it at once.
     tokenizer = tokenizer_for(path, eos)
     _read_ahead(path)
     model, config = load_model(path, lazy=True)
-    model, config = dequantize_for_cpu(model, config, path)   # float32 on the CPU backend, when it fits
+    if dequantize:
+        model, config = dequantize_for_cpu(model, config)
     return model, tokenizer, config
 
 
@@ -114,15 +118,14 @@ def _stamp(path: Path) -> tuple:
                         if f.suffix != ".safetensors" and f.is_file() and (st := f.stat())))
 
 
-def fill_weights(model) -> int:
-    """Evaluate every weight; returns their bytes."""
+def fill_weights(model, group_bytes: int = DEFAULT_GROUP_BYTES) -> int:
+    """Evaluate every weight, `group_bytes` of them at a time; returns their bytes."""
     # In groups of about OMLX_LOAD_GROUP_BYTES. An eval holds the GIL while it reads, so one eval of every
     # weight stalls the event loop and the other engines for the whole read (measured: 109 ms gaps
     # for a 1.2 GB model); one tensor at a time pays each eval's fixed cost per tensor (1.3x slower
     # loads on a GPU). Measured on a 640 MB file from the page cache (2 CPU cores): one tensor
     # (16 MB) at a time 705 ms, p99 stall of another thread 3 ms, worst 76 ms; 64 MB groups 325 ms,
     # 17 ms and 24 ms; one eval 397 ms, 36 ms and 42 ms.
-    group_bytes = get_settings().load_group_bytes
     group, size, total = [], 0, 0
     for _, weight in tree_flatten(model.parameters()):
         group.append(weight)

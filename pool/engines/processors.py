@@ -10,7 +10,8 @@ import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors, make_repetition_penalty
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer, _byte_decoder
 
-from .types import SamplingParams, TokenLogprob
+from .grammar import make_processor
+from .protocol import SamplingParams, TokenLogprob
 
 REPETITION_CONTEXT = 20     # tokens the repetition penalty looks back over (mlx-lm's default)
 
@@ -29,7 +30,7 @@ def logits_processors(params: SamplingParams, tokenizer) -> list[Callable]:
     if params.repetition_penalty is not None:
         processors.append(make_repetition_penalty(params.repetition_penalty, REPETITION_CONTEXT))
     if params.constraint is not None:
-        processors.append(params.constraint.make_processor(tokenizer))
+        processors.append(make_processor(params.constraint.grammar, tokenizer))
     return processors
 
 

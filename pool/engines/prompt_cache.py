@@ -22,6 +22,7 @@ from typing import Any, Callable
 from mlx_lm.models.cache import LRUPromptCache, PromptTrie, can_trim_prompt_cache, trim_prompt_cache
 
 from .disk_cache import DiskCache, model_fingerprint
+from .protocol import PromptCacheOptions
 
 log = logging.getLogger(__name__)
 
@@ -169,15 +170,15 @@ class PromptCache:
         return before
 
 
-def make_prompt_cache_store(model_id: str, model_path: Path, max_bytes: int, max_entries: int,
-                            folder: Path | None, disk_bytes: int) -> PromptCache | None:
+def make_prompt_cache_store(model_id: str, model_path: Path, options: PromptCacheOptions) -> PromptCache | None:
     """The store an engine's options ask for (None when off), with its disk tier when there is one."""
-    if max_bytes <= 0 or max_entries <= 0:
+    if options.max_bytes <= 0 or options.max_entries <= 0:
         return None
     disk = None
-    if folder is not None and disk_bytes > 0:
+    if options.folder is not None and options.disk_bytes > 0:
         try:
-            disk = DiskCache(Path(folder), max_bytes=disk_bytes, fingerprint=model_fingerprint(model_path))
+            disk = DiskCache(Path(options.folder), max_bytes=options.disk_bytes,
+                             fingerprint=model_fingerprint(model_path))
         except OSError as e:   # a read-only or full data folder: memory only
             log.warning("no disk tier for %s's prompt cache: %s", model_id, e)
-    return PromptCache(max_bytes=max_bytes, max_entries=max_entries, disk=disk)
+    return PromptCache(max_bytes=options.max_bytes, max_entries=options.max_entries, disk=disk)

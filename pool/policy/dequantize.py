@@ -7,7 +7,7 @@ to BLAS (about 300 GFLOPS once pool.blas has loaded an optimized one): SmolLM2-1
 
 from __future__ import annotations
 
-from .admission import auto_model_budget
+from .load_plan import auto_model_budget
 
 
 def dequantize_budget(max_model_memory: int | str, capacity: int) -> int:

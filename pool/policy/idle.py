@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .admission import ModelView
+from .load_plan import ModelView
 from .vocabulary import ModelState, Reason
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .admission import ModelView, lru_victims
+from .load_plan import ModelView, lru_victims
 from .units import GIB
 from .vocabulary import ActionKind, Level, ModelState, PrefillVerdict, Reason
 

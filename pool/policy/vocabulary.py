@@ -94,6 +94,7 @@ class Change(StrEnum):
     LOAD_END = "load_end"
     UNLOAD_START = "unload_start"
     UNLOAD = "unload"
+    KV_GROWTH = "kv_growth"        # a model's running requests' KV grew by a step (engines.generator)
     EVENT = "event"
     TICK = "tick"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from ..errors import BadRequest
+from ..errors import InvalidRequest
 from .formats import ToolFormat, fallback_call_text
 from .request import ToolRequest
 
@@ -107,7 +107,7 @@ def _text(message: dict, i: int) -> str:
     if content is None:
         return ""
     if not isinstance(content, str):
-        raise BadRequest(f"messages[{i}].content must be a string", param=f"messages[{i}].content")
+        raise InvalidRequest(f"messages[{i}].content must be a string", param=f"messages[{i}].content")
     return content
 
 
@@ -116,12 +116,12 @@ def _calls(message: dict, i: int) -> list[dict]:
     calls = message["tool_calls"]
     where = f"messages[{i}].tool_calls"
     if not isinstance(calls, list):
-        raise BadRequest(f"{where} must be a list", param=where)
+        raise InvalidRequest(f"{where} must be a list", param=where)
     out = []
     for j, call in enumerate(calls):
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise BadRequest(f"{where}[{j}] must be {{\"type\": \"function\", \"function\": {{\"name\", "
+            raise InvalidRequest(f"{where}[{j}] must be {{\"type\": \"function\", \"function\": {{\"name\", "
                              f"\"arguments\"}}}}", param=f"{where}[{j}]")
         arguments = function.get("arguments")
         if arguments is None or arguments == "":
@@ -132,7 +132,7 @@ def _calls(message: dict, i: int) -> list[dict]:
             except ValueError:
                 arguments = None
         if not isinstance(arguments, dict):
-            raise BadRequest(f"{where}[{j}].function.arguments must be a JSON object (as a string)",
+            raise InvalidRequest(f"{where}[{j}].function.arguments must be a JSON object (as a string)",
                              param=f"{where}[{j}].function.arguments")
         out.append({**call, "type": "function", "function": {"name": function["name"], "arguments": arguments}})
     return out

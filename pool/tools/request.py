@@ -1,5 +1,5 @@
 """`tools`, `tool_choice` and `parallel_tool_calls` of a chat request -> a validated ToolRequest.
-Errors are BadRequest naming the field, as OpenAI's API names it."""
+Errors are InvalidRequest naming the field, as OpenAI's API names it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import BadRequest
+from ..errors import InvalidRequest
 
 NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")     # OpenAI's rule for a function name
 CHOICES = ("auto", "none", "required")
@@ -48,7 +48,7 @@ def parse_tool_request(body: dict) -> ToolRequest | None:
     if parallel is None:
         parallel = True
     if not isinstance(parallel, bool):
-        raise BadRequest("'parallel_tool_calls' must be true or false", param="parallel_tool_calls")
+        raise InvalidRequest("'parallel_tool_calls' must be true or false", param="parallel_tool_calls")
     choice = _tool_choice(body.get("tool_choice"), tools)
     if not tools:
         return None
@@ -59,38 +59,38 @@ def _tools(value) -> tuple[dict, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise BadRequest("'tools' must be a list of function tools", param="tools")
+        raise InvalidRequest("'tools' must be a list of function tools", param="tools")
     seen, clean = set(), []
     for i, tool in enumerate(value):
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
-            raise BadRequest(f"{where} must be an object", param=where)
+            raise InvalidRequest(f"{where} must be an object", param=where)
         if tool.get("type") != "function":
-            raise BadRequest(f"{where}.type must be 'function' (the only tool type this server runs)",
+            raise InvalidRequest(f"{where}.type must be 'function' (the only tool type this server runs)",
                              param=f"{where}.type")
         function = tool.get("function")
         if not isinstance(function, dict):
-            raise BadRequest(f"{where}.function must be an object", param=f"{where}.function")
+            raise InvalidRequest(f"{where}.function must be an object", param=f"{where}.function")
         name = function.get("name")
         if not isinstance(name, str) or not NAME.fullmatch(name):
-            raise BadRequest(f"{where}.function.name must be 1 to 64 letters, digits, '_' or '-'",
+            raise InvalidRequest(f"{where}.function.name must be 1 to 64 letters, digits, '_' or '-'",
                              param=f"{where}.function.name")
         if name in seen:
-            raise BadRequest(f"{where}.function.name: '{name}' is given twice", param=f"{where}.function.name")
+            raise InvalidRequest(f"{where}.function.name: '{name}' is given twice", param=f"{where}.function.name")
         seen.add(name)
         description = function.get("description")
         if description is not None and not isinstance(description, str):
-            raise BadRequest(f"{where}.function.description must be a string",
+            raise InvalidRequest(f"{where}.function.description must be a string",
                              param=f"{where}.function.description")
         parameters = function.get("parameters")
         if parameters is None:
             parameters = dict(NO_PARAMETERS)
         elif not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
-            raise BadRequest(f"{where}.function.parameters must be a JSON schema of type 'object'",
+            raise InvalidRequest(f"{where}.function.parameters must be a JSON schema of type 'object'",
                              param=f"{where}.function.parameters")
         strict = function.get("strict")
         if strict is not None and not isinstance(strict, bool):
-            raise BadRequest(f"{where}.function.strict must be true or false", param=f"{where}.function.strict")
+            raise InvalidRequest(f"{where}.function.strict must be true or false", param=f"{where}.function.strict")
         clean.append({"type": "function", "function": {**function, "parameters": parameters}})
     return tuple(clean)
 
@@ -101,19 +101,19 @@ def _tool_choice(value, tools: tuple[dict, ...]):
     names = {t["function"]["name"] for t in tools}
     if isinstance(value, str):
         if value not in CHOICES:
-            raise BadRequest(f"'tool_choice' must be one of {', '.join(CHOICES)} or a named function; "
+            raise InvalidRequest(f"'tool_choice' must be one of {', '.join(CHOICES)} or a named function; "
                              f"got '{value}'", param="tool_choice")
         if value == "required" and not tools:
-            raise BadRequest("'tool_choice' 'required' needs 'tools'", param="tool_choice")
+            raise InvalidRequest("'tool_choice' 'required' needs 'tools'", param="tool_choice")
         return value
     if isinstance(value, dict) and value.get("type") == "function":
         function = value.get("function")
         name = function.get("name") if isinstance(function, dict) else None
         if not isinstance(name, str):
-            raise BadRequest("'tool_choice' must name a function: {\"type\": \"function\", \"function\": "
+            raise InvalidRequest("'tool_choice' must name a function: {\"type\": \"function\", \"function\": "
                              "{\"name\": ...}}", param="tool_choice")
         if name not in names:
-            raise BadRequest(f"'tool_choice' names '{name}', which is not in 'tools'", param="tool_choice")
+            raise InvalidRequest(f"'tool_choice' names '{name}', which is not in 'tools'", param="tool_choice")
         return {"type": "function", "function": {"name": name}}
-    raise BadRequest("'tool_choice' must be 'auto', 'none', 'required' or {\"type\": \"function\", "
+    raise InvalidRequest("'tool_choice' must be 'auto', 'none', 'required' or {\"type\": \"function\", "
                      "\"function\": {\"name\": ...}}", param="tool_choice")

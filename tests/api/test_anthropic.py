@@ -13,8 +13,8 @@ from pool.api.anthropic_events import EventStream, Text, ToolUse
 from pool.api.anthropic_parse import chat_messages, parse_count_tokens, parse_messages, tool_fields
 from pool.api.auth import given_keys
 from pool.api.errors import ANTHROPIC, OPENAI, envelope, error_response, sse_error, status, style_for_path
-from pool.errors import (BadRequest, EngineFailure, Forbidden, InsufficientMemory, MethodNotAllowed, ModelBusy,
-                         ModelNotFound, ModelQueueFull, PoolError, ServiceUnavailable, Unauthorized)
+from pool.errors import (InvalidRequest, EngineFailure, Forbidden, InsufficientMemory, MethodNotAllowed, ModelBusy,
+                         ModelNotFound, ModelQueueFull, PoolError, Busy, Unauthorized)
 from tests.conftest import DEMO
 
 KEY = "test-key-123"
@@ -114,7 +114,7 @@ BAD_BODIES = [
 
 @pytest.mark.parametrize("body,param", BAD_BODIES, ids=[b[1] for b in BAD_BODIES])
 def test_bad_bodies_name_the_field(body, param):
-    with pytest.raises(BadRequest) as e:
+    with pytest.raises(InvalidRequest) as e:
         parse_messages(body)
     assert e.value.param == param
     assert param.split(".")[0] in e.value.message
@@ -177,13 +177,13 @@ BAD_TOOLS = [
 
 @pytest.mark.parametrize("tool,choice,param", BAD_TOOLS, ids=[b[2] + str(i) for i, b in enumerate(BAD_TOOLS)])
 def test_bad_tools_name_the_field(tool, choice, param):
-    with pytest.raises(BadRequest) as e:
+    with pytest.raises(InvalidRequest) as e:
         tool_fields(None if tool is None else [tool], choice)
     assert e.value.param == param
 
 
 def test_repeated_tool_names_are_refused():
-    with pytest.raises(BadRequest) as e:
+    with pytest.raises(InvalidRequest) as e:
         tool_fields([WEATHER, WEATHER], None)
     assert e.value.param == "tools.1.name"
 
@@ -271,14 +271,14 @@ def test_answer_text_with_a_call_in_the_fallback_format_becomes_pieces():
 # ---- errors and auth ----------------------------------------------------------------------------
 
 ERRORS = [
-    (BadRequest("x"), 400, "invalid_request_error"),
+    (InvalidRequest("x"), 400, "invalid_request_error"),
     (Unauthorized("x"), 401, "authentication_error"),
     (Forbidden("x"), 403, "permission_error"),
     (ModelNotFound("x"), 404, "not_found_error"),
     (MethodNotAllowed("x"), 405, "invalid_request_error"),
     (ModelBusy("x"), 409, "invalid_request_error"),
     (EngineFailure("x"), 500, "api_error"),
-    (ServiceUnavailable("x"), 529, "overloaded_error"),
+    (Busy("x"), 529, "overloaded_error"),
     (ModelQueueFull("x", retry_after=2), 529, "overloaded_error"),
     (InsufficientMemory("x"), 507, "api_error"),
 ]
@@ -296,7 +296,7 @@ def test_anthropic_envelope(error, code, kind):
 
 
 def test_stream_errors_and_styles_by_path():
-    error = ServiceUnavailable("busy")
+    error = Busy("busy")
     assert sse_error(error, ANTHROPIC).startswith(b"event: error\ndata: {\"type\": \"error\"")
     assert sse_error(error).startswith(b"data: {\"error\"")
     assert [style_for_path(p) for p in ("/v1/messages", "/v1/messages/x", "/v1/models", "/api/pool")] == \

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from pool.api.embeddings import encode_vector, parse_embeddings, parse_input
-from pool.errors import BadRequest
+from pool.errors import InvalidRequest
 from tests.conftest import DEMO
 
 MINILM = "all-MiniLM-L6-v2"
@@ -43,7 +43,7 @@ def test_input_shapes(value, inputs):
     ({"text": "a"}, "must be a string"),
 ])
 def test_bad_inputs(value, message):
-    with pytest.raises(BadRequest, match=message) as e:
+    with pytest.raises(InvalidRequest, match=message) as e:
         parse_input(value)
     assert e.value.param == "input"
 
@@ -58,7 +58,7 @@ def test_bad_inputs(value, message):
     ({"model": "m", "input": "a", "keep_alive": "soon"}, "keep_alive"),
 ])
 def test_bad_bodies_name_the_field(body, param):
-    with pytest.raises(BadRequest) as e:
+    with pytest.raises(InvalidRequest) as e:
         parse_embeddings(body)
     assert e.value.param == param
 

@@ -258,7 +258,7 @@ def test_sampling_fields_parse_into_the_spec(chat, fields, expected):
 
 def test_logprobs_render_in_openai_shapes():
     from pool.api.openai import chat_logprobs, completion_logprobs
-    from pool.engines.types import TokenLogprob
+    from pool.engines.protocol import TokenLogprob
 
     entries = [TokenLogprob("Hi", -0.5, (72, 105), (("Hi", -0.5, (72, 105)), ("Yo", float("-inf"), (89, 111)))),
                TokenLogprob("!", -1.0, (33,), (("!", -1.0, (33,)),))]

@@ -7,11 +7,10 @@ import asyncio
 
 import pytest
 
-from pool.concurrency import ModelSlots
-from pool.errors import BadRequest, ModelQueueFull, ServiceUnavailable
+from pool.serving.slots import ModelSlots
+from pool.errors import InvalidRequest, ModelQueueFull, Busy
 from pool.metrics import Metrics
-from pool.serving import CompletionSpec
-from pool.snapshot import build
+from pool.serving.completion import CompletionSpec
 from tests.fakes import Core, Spec, model_folders
 
 MB = 10**6
@@ -28,7 +27,7 @@ def core_with(models, *, limit: int, queue: int) -> Core:
 
 
 def open_(core: Core, model: str = "a", **spec):
-    return core.serving.open_completion(CompletionSpec(model=model, prompt="a b c", **spec))
+    return core.router.generate(CompletionSpec(model=model, prompt="a b c", **spec))
 
 
 async def close_when_open(task) -> None:
@@ -47,18 +46,18 @@ async def test_the_limit_holds_and_the_next_request_waits_for_a_slot(models):
     third = asyncio.ensure_future(open_(core))
     await asyncio.sleep(0.05)
     assert not third.done()
-    assert core.pool.slots.counts("a") == (2, 1)
-    assert core.pool.slots.counts("b") == (0, 0)       # per model: b is not limited by a
+    assert core.host.door.slots.counts("a") == (2, 1)
+    assert core.host.door.slots.counts("b") == (0, 0)       # per model: b is not limited by a
     async with await open_(core, "b"):
         pass
     await first.aclose()
     opened = await asyncio.wait_for(third, 1)
-    assert core.pool.slots.counts("a") == (2, 0)
+    assert core.host.door.slots.counts("a") == (2, 0)
     chunks = [c async for c in _take(opened, 2)]
     assert len(chunks) == 2
     for completion in (second, opened):
         await completion.aclose()
-    assert core.pool.slots.counts("a") == (0, 0) and core.pool.entries["a"].leases == 0
+    assert core.host.door.slots.counts("a") == (0, 0) and core.pool.entries["a"].leases == 0
 
 
 async def _take(completion, n):
@@ -83,7 +82,7 @@ async def test_waiters_get_their_slots_first_come_first_served(models):
     for i in range(4):
         waiters.append(asyncio.ensure_future(request(i)))
         await settle()
-    assert core.pool.slots.counts("a") == (1, 4)
+    assert core.host.door.slots.counts("a") == (1, 4)
     await asyncio.sleep(0.05)
     assert order == []
     await running.aclose()
@@ -92,13 +91,13 @@ async def test_waiters_get_their_slots_first_come_first_served(models):
         await settle()
         assert order == list(range(i + 1))              # the next one waits for this one's slot
         await completion.aclose()
-    assert core.pool.slots.counts("a") == (0, 0)
+    assert core.host.door.slots.counts("a") == (0, 0)
 
 
 async def test_a_full_queue_is_a_503_with_retry_after_at_once(models):
     core = core_with(models, limit=1, queue=1)
     rejected, starts = [], []
-    core.admission.on_reject = rejected.append
+    core.gate.on_reject = rejected.append
     running = await open_(core)
     queued = asyncio.ensure_future(open_(core))
     await settle()
@@ -106,9 +105,9 @@ async def test_a_full_queue_is_a_503_with_retry_after_at_once(models):
     with pytest.raises(ModelQueueFull) as refused:
         await asyncio.wait_for(open_(core), 0.5)       # at once, not after a wait
     error = refused.value
-    assert isinstance(error, ServiceUnavailable) and error.status == 503
-    assert error.code == "model_queue_full" and error.headers["Retry-After"] == "2"
-    assert error.extra == {"running": 1, "queued": 1} and "'a'" in error.message
+    assert isinstance(error, Busy)
+    assert error.code == "model_queue_full" and error.retry_after == 2
+    assert error.facts == {"running": 1, "queued": 1} and "'a'" in error.message
     assert rejected == ["model_queue_full"]
     assert starts == [] and core.pool.entries["a"].leases == 2     # the refused request took no lease
     await running.aclose()
@@ -129,16 +128,16 @@ async def test_a_request_cancelled_while_queued_leaves_the_queue(models):
     running = await open_(core)
     queued = asyncio.ensure_future(open_(core))
     await settle()
-    assert core.pool.slots.counts("a") == (1, 1)
+    assert core.host.door.slots.counts("a") == (1, 1)
     queued.cancel()                                     # what a client disconnect does to its view
     with pytest.raises(asyncio.CancelledError):
         await queued
-    assert core.pool.slots.counts("a") == (1, 0) and core.pool.entries["a"].leases == 1
+    assert core.host.door.slots.counts("a") == (1, 0) and core.pool.entries["a"].leases == 1
     another = asyncio.ensure_future(open_(core))        # its place is free again: no 503
     await settle()
     await running.aclose()
     await close_when_open(another)
-    assert core.pool.slots.counts("a") == (0, 0) and core.pool.entries["a"].leases == 0
+    assert core.host.door.slots.counts("a") == (0, 0) and core.pool.entries["a"].leases == 0
 
 
 async def test_a_slot_handed_to_a_cancelled_waiter_passes_on():
@@ -162,21 +161,21 @@ async def test_a_slot_handed_to_a_cancelled_waiter_passes_on():
 async def test_slots_come_back_after_an_error_an_abort_and_a_refusal_after_the_slot(models):
     core = core_with(models, limit=1, queue=1)
     # refused after taking its slot (a bad KV field): the door gives the slot back
-    with pytest.raises(BadRequest):
+    with pytest.raises(InvalidRequest):
         await open_(core, kv={"kv_bits": 3})
-    assert core.pool.slots.counts("a") == (0, 0)
+    assert core.host.door.slots.counts("a") == (0, 0)
     # the engine aborts a running request: closing the completion gives the slot to the waiter
     running = await open_(core)
     queued = asyncio.ensure_future(open_(core))
     await settle()
-    with pytest.raises(ServiceUnavailable):
+    with pytest.raises(Busy):
         async with running:
             async for _ in running.chunks():
                 core.engines.engines["a"].abort_all("memory pressure", "memory_pressure")
     successor = await asyncio.wait_for(queued, 1)
-    assert core.pool.slots.counts("a") == (1, 0)
+    assert core.host.door.slots.counts("a") == (1, 0)
     await successor.aclose()
-    assert core.pool.slots.counts("a") == (0, 0) and core.pool.entries["a"].leases == 0
+    assert core.host.door.slots.counts("a") == (0, 0) and core.pool.entries["a"].leases == 0
 
 
 async def test_a_queued_request_of_a_model_force_unloaded_meanwhile_is_a_503(models):
@@ -186,10 +185,10 @@ async def test_a_queued_request_of_a_model_force_unloaded_meanwhile_is_a_503(mod
     await settle()
     await core.pool.unload("a", force=True)
     await running.aclose()
-    with pytest.raises(ServiceUnavailable) as aborted:
+    with pytest.raises(Busy) as aborted:
         await asyncio.wait_for(queued, 1)
     assert aborted.value.code == "model_unloaded"
-    assert core.pool.slots.counts("a") == (0, 0) and core.pool.entries["a"].leases == 0
+    assert core.host.door.slots.counts("a") == (0, 0) and core.pool.entries["a"].leases == 0
 
 
 async def test_the_snapshot_and_metrics_show_running_and_queued(models):
@@ -197,18 +196,20 @@ async def test_the_snapshot_and_metrics_show_running_and_queued(models):
     running = await open_(core)
     queued = [asyncio.ensure_future(open_(core)) for _ in range(2)]
     await settle()
-    snapshot = build(core.pool, core.probe.read())
+    snapshot = core.host.state()
     rows = {m["id"]: m for m in snapshot["models"]}
     assert (rows["a"]["running"], rows["a"]["queued"], rows["a"]["active_requests"]) == (1, 2, 3)
     assert (rows["b"]["running"], rows["b"]["queued"]) == (0, 0)
     assert snapshot["max_concurrent"] == 1 and snapshot["queue_per_model"] == 2
-    text = Metrics(core.pool, lambda: build(core.pool, core.probe.read())).render().decode()
+    metrics = Metrics(snapshot=core.host.state)
+    metrics.watch(core.pool)
+    text = metrics.render().decode()
     assert 'running_requests{model="a"} 1.0' in text and 'queued_requests{model="a"} 2.0' in text
     assert 'queued_requests{model="b"} 0.0' in text
     await running.aclose()
     for task in asyncio.as_completed(queued, timeout=2):
         await (await task).aclose()
-    rows = {m["id"]: m for m in build(core.pool, core.probe.read())["models"]}
+    rows = {m["id"]: m for m in core.host.state()["models"]}
     assert (rows["a"]["running"], rows["a"]["queued"]) == (0, 0)
 
 

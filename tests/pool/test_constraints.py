@@ -243,7 +243,7 @@ def test_a_request_moved_from_generate_step_to_the_batch_continues_its_grammar(d
         if len(first) == 6:
             break
     steps.close()
-    trim_prompt_cache(cache, cache[0].offset - (len(prompt) + len(first) - 1))   # as pool/engines/alone.py hands over
+    trim_prompt_cache(cache, cache[0].offset - (len(prompt) + len(first) - 1))   # as pool/engines/single_sequence.py hands over
     gen = BatchGenerator(model, stop_tokens=[[t] for t in tokenizer.eos_token_ids])
     try:
         (uid,) = gen.insert([first[-1:]], max_tokens=[MAX_TOKENS - len(first)], caches=[cache],

@@ -112,7 +112,7 @@ def test_parsing(monkeypatch, name, raw, expected):
 # --- the size the pool plans with -------------------------------------------------------------
 
 def pool_over(models: Path, **values):
-    from pool.engine_pool import EnginePool
+    from pool.host.engine_pool import EnginePool
 
     conf = get_settings().with_values(model_dirs=(models,), **values)
     engines = EnginePool(conf, FakeProbe(Memory(total=24 * 2**30)), engine_factory=None)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from pool.discovery import CHAT, EMBEDDINGS, discover, model_kind
-from pool.embedding_serving import EmbeddingSpec, check_dimensions, check_tokens, embed
-from pool.errors import BadRequest, InsufficientMemory
+from pool.serving.embedding import EmbeddingSpec, check_dimensions, check_tokens
+from pool.errors import InvalidRequest, InsufficientMemory
 from tests.fakes import Core, model_folders
 
 MB = 10**6
@@ -26,7 +26,7 @@ REFERENCE = Path(__file__).with_name("embedding_reference.json")
 @pytest.fixture(scope="module")
 def engine(minilm_dir):
     """One loaded EmbeddingEngine for the module; its own event loop, as the engine needs only some loop."""
-    from pool.engines.embedding import EmbeddingEngine
+    from pool.engines.encoder import EmbeddingEngine
 
     loop = asyncio.new_event_loop()
     eng = EmbeddingEngine(MINILM, minilm_dir)
@@ -63,7 +63,7 @@ def test_model_kind(config, st, kind):
     ([10] * 25, 100, [list(range(10)), list(range(10, 20)), list(range(20, 25))]),
 ])
 def test_plan_batches(lengths, budget, batches):
-    from pool.engines.embedding import plan_batches
+    from pool.engines.encoder import plan_batches
 
     assert plan_batches(lengths, budget) == batches
 
@@ -77,14 +77,14 @@ def test_plan_batches(lengths, budget, batches):
     (None, {"pooling_mode_max_tokens": True}, None, ("max", True, None)),
 ])
 def test_pooling_from_sentence_transformers_files(modules, pooling, bert, expected):
-    from pool.engines.embedding_model import pooling_from
+    from pool.engines.bert import pooling_from
 
     p = pooling_from(modules, pooling, bert)
     assert (p.mode, p.normalize, p.max_tokens) == expected
 
 
 def test_pooling_modes_it_cannot_do_are_refused():
-    from pool.engines.embedding_model import pooling_from
+    from pool.engines.bert import pooling_from
 
     with pytest.raises(ValueError, match="several modes"):
         pooling_from(None, {"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": True}, None)
@@ -106,7 +106,7 @@ def test_pooling_modes_it_cannot_do_are_refused():
     ("cls.predictions.bias", None),
 ])
 def test_rename_weight(name, ours):
-    from pool.engines.embedding_model import rename_weight
+    from pool.engines.bert import rename_weight
 
     assert rename_weight(name) == ours
 
@@ -122,7 +122,7 @@ def test_check_tokens(tokens, error):
     if error is None:
         check_tokens(tokens, max_tokens=8, vocab_size=200, model_id="m")
     else:
-        with pytest.raises(BadRequest, match=error) as e:
+        with pytest.raises(InvalidRequest, match=error) as e:
             check_tokens(tokens, max_tokens=8, vocab_size=200, model_id="m")
         assert e.value.param == "input"
 
@@ -132,7 +132,7 @@ def test_only_the_models_own_dimensions(requested, ok):
     if ok:
         check_dimensions(requested, 384, MINILM)
     else:
-        with pytest.raises(BadRequest, match="'dimensions' must be 384") as e:
+        with pytest.raises(InvalidRequest, match="'dimensions' must be 384") as e:
             check_dimensions(requested, 384, MINILM)
         assert e.value.param == "dimensions"
 
@@ -198,7 +198,7 @@ def test_token_ids_read_as_their_text_and_batches_as_singles(engine):
 
 
 def test_engine_reports_what_it_holds_and_frees_it(minilm_dir):
-    from pool.engines.embedding import EmbeddingEngine
+    from pool.engines.encoder import EmbeddingEngine
 
     async def life():
         eng = EmbeddingEngine(MINILM, minilm_dir)
@@ -236,7 +236,7 @@ def core(tmp_path, minilm_dir):
 
 
 async def embed_one(core, text="hello"):
-    return await embed(core.serving, EmbeddingSpec(model=MINILM, inputs=(text,)))
+    return await core.router.embed(EmbeddingSpec(model=MINILM, inputs=(text,)))
 
 
 async def test_the_pool_loads_and_evicts_an_embedding_model_like_a_chat_model(core):
@@ -254,10 +254,10 @@ async def test_the_pool_loads_and_evicts_an_embedding_model_like_a_chat_model(co
         assert core.states() == {"a": "unloaded", "b": "unloaded", MINILM: "loaded"}
         assert [e[1:] for e in core.events() if e[0] == "unload"] == [("lru", MINILM), ("lru", "a")]
 
-        core.pool.apply_settings(MINILM, {"is_pinned": True})
+        core.router.apply_model_settings(MINILM, {"is_pinned": True})
         with pytest.raises(InsufficientMemory):  # pinned: a chat model cannot take its place
             await core.complete("b")
-        core.pool.apply_settings(MINILM, {"ttl_seconds": 30})
+        core.router.apply_model_settings(MINILM, {"ttl_seconds": 30})
         core.clock.advance(31)
         assert await core.pool.expire_idle() == [MINILM]    # its TTL passed
         assert core.states()[MINILM] == "unloaded"
@@ -278,11 +278,11 @@ async def test_concurrent_requests_queue_on_the_engine_thread_and_get_their_own_
 
 async def test_each_kind_of_route_refuses_the_other_kind_before_loading(core):
     try:
-        with pytest.raises(BadRequest, match="is an embedding model: it serves /v1/embeddings") as e:
+        with pytest.raises(InvalidRequest, match="is an embedding model: it serves /v1/embeddings") as e:
             await core.complete(MINILM)
         assert e.value.param == "model" and e.value.code == "model_kind_mismatch"
-        with pytest.raises(BadRequest, match=f"'a' is a chat model.*available: {MINILM}") as e:
-            await embed(core.serving, EmbeddingSpec(model="a", inputs=("x",)))
+        with pytest.raises(InvalidRequest, match=f"'a' is a chat model.*available: {MINILM}") as e:
+            await core.router.embed(EmbeddingSpec(model="a", inputs=("x",)))
         assert e.value.param == "model"
         assert set(core.states().values()) == {"unloaded"} and core.pool.entries[MINILM].leases == 0
     finally:

@@ -7,8 +7,10 @@ import contextlib
 
 import pytest
 
-from pool.errors import BadRequest, ServiceUnavailable
-from pool.serving import CompletionSpec
+from pool.api.errors import status_of
+
+from pool.errors import InvalidRequest, Busy
+from pool.serving.completion import CompletionSpec
 from tests.fakes import Core, Spec, model_folders
 
 MB = 10**6
@@ -28,7 +30,7 @@ async def loaded(core: Core, *names: str) -> None:
 
 async def streaming(core: Core, model: str):
     """A long completion, read in the background until it ends; returns the reading task."""
-    completion = await core.serving.open_completion(CompletionSpec(model=model, prompt="x", max_tokens=10_000))
+    completion = await core.router.generate(CompletionSpec(model=model, prompt="x", max_tokens=10_000))
     first = asyncio.Event()
 
     async def read():
@@ -46,7 +48,7 @@ async def test_hard_pressure_is_relieved_by_reclaiming_the_cache_without_unloadi
     core.memory.base, core.memory.cache = 560 * MB, 200 * MB          # 960 MB: hard
     decision = await core.enforcer.tick()
     assert [a.kind for a in decision.actions] == ["reclaim"]     # and nothing after the re-measure
-    assert decision.level == core.enforcer.level == "ok" and not core.admission.paused
+    assert decision.level == core.enforcer.level == "ok" and not core.gate.paused
     assert core.states() == {"a": "loaded", "b": "loaded", "c": "unloaded"}
     assert core.events() == [("reclaim", "cache_reclaim", "")]
     assert core.pool.events.recent[-1]["freed_bytes"] == 200 * MB
@@ -77,7 +79,7 @@ async def test_hard_pressure_aborts_loads_and_the_lru_busy_models_requests(model
     decision = await core.enforcer.tick()
     assert decision.level == "hard"
     assert [(a.kind, a.model) for a in decision.actions] == [("abort_load", "c"), ("abort_requests", "a")]
-    with pytest.raises(ServiceUnavailable) as aborted:
+    with pytest.raises(Busy) as aborted:
         await stream
     assert aborted.value.code == "memory_pressure"
     with pytest.raises(Exception, match="aborted"):
@@ -88,7 +90,7 @@ async def test_hard_pressure_aborts_loads_and_the_lru_busy_models_requests(model
 async def test_an_emergency_marks_the_busy_model_and_the_mark_fires_once_it_drains(models):
     core = Core(models, memory_ceiling=CEILING, specs={"a": Spec(tokens=10_000, token_seconds=0.005)})
     await loaded(core, "a")
-    lease = await core.serving.open_completion(CompletionSpec(model="a", prompt="x"))   # admitted, not started
+    lease = await core.router.generate(CompletionSpec(model="a", prompt="x"))   # admitted, not started
     core.memory.base = 3200 * MB                                         # ceiling + > 2 GiB: emergency
     decision = await core.enforcer.tick()
     assert decision.level == "emergency"
@@ -108,13 +110,13 @@ async def test_paused_admission_waits_then_answers_503_with_retry_after(models):
     await loaded(core, "a")
     core.memory.base = 820 * MB                                          # soft; a, the last unpinned, stays
     await core.enforcer.tick()
-    assert core.admission.paused
+    assert core.gate.paused
     waiting = asyncio.ensure_future(core.complete("a"))
     await asyncio.sleep(0)
-    with pytest.raises(ServiceUnavailable, match="queue is full") as full:   # the one place is taken
+    with pytest.raises(Busy, match="queue is full") as full:   # the one place is taken
         await core.complete("a")
-    assert full.value.headers["Retry-After"] == "1"
-    with pytest.raises(ServiceUnavailable, match="stayed paused"):
+    assert full.value.retry_after == 1
+    with pytest.raises(Busy, match="stayed paused"):
         await waiting
 
 
@@ -125,7 +127,7 @@ async def test_a_waiting_request_goes_on_when_pressure_clears(models):
     await core.enforcer.tick()
     waiting = asyncio.ensure_future(core.complete("a"))
     await asyncio.sleep(0.01)
-    assert not waiting.done() and core.admission.waiting == 1
+    assert not waiting.done() and core.gate.waiting == 1
     core.memory.base = 0
     await core.enforcer.tick()
     assert len(await waiting) == 3
@@ -138,10 +140,10 @@ async def test_the_prefill_guard_refuses_a_prompt_whose_kv_cannot_fit(models):
     await loaded(core, "a")
     core.memory.base = 300 * MB
     prompt = " ".join(["w"] * 60)
-    with pytest.raises(BadRequest) as refused:
-        await core.serving.open_completion(CompletionSpec(model="a", prompt=prompt))
+    with pytest.raises(InvalidRequest) as refused:
+        await core.router.generate(CompletionSpec(model="a", prompt=prompt))
     assert refused.value.code == "prefill_memory_exceeded" and refused.value.param == "prompt"
-    assert refused.value.extra["estimated_bytes"] == 600 * MB
+    assert refused.value.facts["estimated_bytes"] == 600 * MB
     assert core.pool.entries["a"].leases == 0
     assert len(await core.complete("a")) == 3                            # a short prompt still runs
 
@@ -164,13 +166,13 @@ async def test_a_prompt_that_fits_only_once_running_requests_end_is_a_503_not_a_
     core.memory.base, core.memory.kv["b"], core.memory.cache = 200 * MB, 300 * MB, 100 * MB
     spec = CompletionSpec(model="a", prompt=" ".join(["w"] * prompt_tokens), max_tokens=1)
     if status is None:
-        async with await core.serving.open_completion(spec):
+        async with await core.router.generate(spec):
             pass
     else:
-        with pytest.raises((BadRequest, ServiceUnavailable)) as refused:
-            await core.serving.open_completion(spec)
-        assert (refused.value.status, refused.value.code) == (status, code)
-        assert ("Retry-After" in refused.value.headers) is (status == 503)
+        with pytest.raises((InvalidRequest, Busy)) as refused:
+            await core.router.generate(spec)
+        assert (status_of(refused.value), refused.value.code) == (status, code)
+        assert isinstance(refused.value, Busy) is (status == 503)
     assert core.pool.entries["a"].leases == 0 and core.pool.entries["b"].leases == 1   # b ran throughout
     running.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -185,7 +187,7 @@ async def test_shrinking_prompt_caches_takes_hard_to_soft_without_unloading(mode
     decision = await core.enforcer.tick()
     assert [a.kind for a in decision.actions] == ["reclaim"]
     assert core.memory.prompt_caches["a"] == 0                           # all of it, and still not under soft
-    assert core.enforcer.level == "soft" and core.admission.paused
+    assert core.enforcer.level == "soft" and core.gate.paused
     assert core.states()["a"] == "loaded"                                # the last unpinned model stays
     assert core.events() == [("reclaim", "cache_reclaim", "a"), ("reclaim", "cache_reclaim", "")]
     assert core.pool.events.recent[0]["freed_bytes"] == 50 * MB

@@ -5,8 +5,8 @@ import asyncio
 
 import pytest
 
-from pool.engines.engine import Engine
-from pool.engines.types import RequestAborted, SamplingParams
+from pool.engines.generator import Engine
+from pool.engines.protocol import RequestAborted, SamplingParams
 
 
 async def test_commands_queued_behind_the_stop_and_sent_after_it_are_errors(make_model):
@@ -28,7 +28,7 @@ async def test_commands_queued_behind_the_stop_and_sent_after_it_are_errors(make
 
 
 async def test_an_embedding_engine_answers_a_call_sent_after_its_stop(minilm_dir):
-    from pool.engines.embedding import EmbeddingEngine
+    from pool.engines.encoder import EmbeddingEngine
 
     engine = EmbeddingEngine("minilm", minilm_dir)
     await engine.load()

@@ -7,10 +7,10 @@ import threading
 
 import mlx.core as mx
 
-from pool.engines.embedding import EmbeddingEngine
-from pool.engines.engine import Engine
+from pool.engines.encoder import EmbeddingEngine
+from pool.engines.generator import Engine
 from pool.engines.threads import EngineThreads
-from pool.engines.types import SamplingParams
+from pool.engines.protocol import SamplingParams
 
 
 def native_threads() -> int:

@@ -9,9 +9,9 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 
-from pool.engines.requests import coalesced
+from pool.engines.generation_request import coalesced
 from pool.engines.lanes import BatchLane
-from pool.engines.types import Chunk, EngineError
+from pool.engines.protocol import Chunk, EngineError
 from pool.policy.kv import KVConfig
 from tests.pool.conftest import prompt
 
@@ -108,7 +108,7 @@ def test_chunks_that_piled_up_are_joined_and_the_last_and_errors_stay_in_order()
     ([1, 300], [], [1]),                   # a request handed over from the single path, and a long one
 ])
 def test_prompts_enter_the_batch_shortest_first(incoming, unstarted, enter):
-    from pool.engines.alone import Pending
+    from pool.engines.single_sequence import Pending
     from pool.engines.lanes import shortest_first
 
     pendings = [Pending(i, [0] * n, None, [], 8, None) for i, n in enumerate(incoming)]

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from pool.errors import InsufficientMemory, ModelNotFound, ModelTooLarge, ModelUnavailable, ServiceUnavailable
+from pool.errors import InsufficientMemory, ModelNotFound, ModelTooLarge, ModelUnavailable, Busy
 from pool.policy.vocabulary import Reason
-from pool.serving import CompletionSpec
+from pool.serving.completion import CompletionSpec
 from tests.fakes import Core, Spec, model_folders
 
 MB = 10**6
@@ -40,16 +40,16 @@ async def test_a_pinned_or_busy_model_is_never_evicted_and_a_refusal_unloads_not
     core = Core(models, max_model_memory=260 * MB, specs={"a": Spec(tokens=1000, token_seconds=0.01)})
     await core.complete("b")
     if keep == "pinned":
-        core.pool.apply_settings("a", {"is_pinned": True})
+        core.router.apply_model_settings("a", {"is_pinned": True})
         await core.pool.load("a")
         core.clock.advance(10)
         await core.complete("b")      # b, not a, is the next victim
     else:
-        stream = await core.serving.open_completion(CompletionSpec(model="a", prompt="x"))
+        stream = await core.router.generate(CompletionSpec(model="a", prompt="x"))
     core.clock.advance(1)
     await core.complete("c")          # b goes, a stays
     assert core.states()["a"] == "loaded" and core.states()["b"] == "unloaded"
-    core.pool.apply_settings("c", {"is_pinned": True})
+    core.router.apply_model_settings("c", {"is_pinned": True})
     if keep == "pinned":
         with pytest.raises(InsufficientMemory) as refused:
             await core.complete("b")
@@ -68,11 +68,11 @@ async def test_a_pinned_or_busy_model_is_never_evicted_and_a_refusal_unloads_not
 async def test_a_load_waits_for_busy_models_only_so_long_then_a_503(models):
     core = Core(models, max_model_memory=260 * MB, load_wait=0.3, specs={"a": Spec(tokens=1000, token_seconds=0.01)})
     await core.complete("c")
-    core.pool.apply_settings("c", {"is_pinned": True})
-    stream = await core.serving.open_completion(CompletionSpec(model="a", prompt="x"))
-    with pytest.raises(ServiceUnavailable) as refused:
+    core.router.apply_model_settings("c", {"is_pinned": True})
+    stream = await core.router.generate(CompletionSpec(model="a", prompt="x"))
+    with pytest.raises(Busy) as refused:
         await core.complete("b")
-    assert refused.value.code == "models_busy" and refused.value.headers["Retry-After"]
+    assert refused.value.code == "models_busy" and refused.value.retry_after >= 1
     assert core.states() == {"a": "loaded", "b": "unloaded", "c": "loaded", "big": "unloaded"}
     await stream.aclose()
 
@@ -144,15 +144,15 @@ async def test_a_failed_load_is_kept_until_models_are_rediscovered(models):
 
 async def test_names_resolve_by_alias_and_ignoring_case(models):
     core = Core(models)
-    core.pool.apply_settings("b", {"alias": "Bee"})
-    assert core.pool.resolve("bee").id == "b" and core.pool.resolve("A").id == "a"
+    core.router.apply_model_settings("b", {"alias": "Bee"})
+    assert core.router.resolve("bee").model_id == "b" and core.router.resolve("A").model_id == "a"
     with pytest.raises(ModelNotFound, match="Available models: Bee, a, big, c"):
-        core.pool.resolve("zzz")
+        core.router.resolve("zzz")
 
 
 async def test_the_serving_door_maps_an_abort_to_a_503_and_releases_the_lease(models):
     core = Core(models, specs={"a": Spec(tokens=1000, token_seconds=0.01)})
-    completion = await core.serving.open_completion(CompletionSpec(model="a", prompt="x y"))
+    completion = await core.router.generate(CompletionSpec(model="a", prompt="x y"))
     assert completion.prompt_tokens == 2 and core.pool.entries["a"].leases == 1
     got = []
 
@@ -162,10 +162,10 @@ async def test_the_serving_door_maps_an_abort_to_a_503_and_releases_the_lease(mo
     reader = asyncio.ensure_future(read())
     while not got:
         await asyncio.sleep(0.005)
-    await core.pool.abort_requests("a", reason=Reason.REQUESTS_ABORTED, message="pressure", code="memory_pressure")
-    with pytest.raises(ServiceUnavailable) as aborted:
+    await core.host.actions.abort_requests("a", reason=Reason.REQUESTS_ABORTED, message="pressure", code="memory_pressure")
+    with pytest.raises(Busy) as aborted:
         await reader
-    assert aborted.value.code == "memory_pressure" and aborted.value.headers["Retry-After"]
+    assert aborted.value.code == "memory_pressure" and aborted.value.retry_after >= 1
     await completion.aclose()
     assert core.pool.entries["a"].leases == 0
     assert core.events()[-1] == ("abort_requests", "requests_aborted", "a")
@@ -173,7 +173,7 @@ async def test_the_serving_door_maps_an_abort_to_a_503_and_releases_the_lease(mo
 
 async def test_model_defaults_apply_when_the_request_leaves_them_out(models):
     core = Core(models, specs={"a": Spec(tokens=100)})
-    core.pool.apply_settings("a", {"max_tokens": 5})
+    core.router.apply_model_settings("a", {"max_tokens": 5})
     assert len(await core.complete("a")) == 5
     assert len(await core.complete("a", max_tokens=2)) == 2
 
@@ -219,7 +219,7 @@ async def test_two_unloads_of_one_model_stop_it_once(models):
     engine.stop = slow_stop
     manual = asyncio.ensure_future(core.pool.unload("a"))
     await asyncio.sleep(0.01)                                  # it has taken the engine and is stopping it
-    await core.pool._unload(entry, reason=Reason.TTL)          # the second caller, as expire_idle calls it
+    await core.pool.unload_entry(entry, reason=Reason.TTL)     # the second caller, as expire_idle calls it
     await manual
     assert len(stops) == 1 and core.states()["a"] == "unloaded"
     assert core.events() == [("unload", "manual", "a")]

@@ -12,12 +12,12 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 
-from pool.engines.choices import SharedPrefill
-from pool.engines.engine import Engine
+from pool.engines.shared_prefill import SharedPrefill
+from pool.engines.generator import Engine
 from pool.engines.lanes import BatchLane, SoloLane, new_cache
 from pool.engines.processors import TokenText, logits_processors, over_completion, token_logprob
-from pool.engines.requests import coalesced
-from pool.engines.types import Chunk, EngineError, SamplingParams, TokenLogprob
+from pool.engines.generation_request import coalesced
+from pool.engines.protocol import Chunk, EngineError, SamplingParams, TokenLogprob
 from pool.policy.kv import KVConfig
 from tests.pool.conftest import prompt
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pool.errors import BadRequest
+from pool.errors import InvalidRequest
 from pool.models import ModelSettings
 from pool.services import coerce_settings, write_model_settings
 from tests.pool.conftest import make_folder
@@ -21,7 +21,7 @@ from tests.pool.conftest import make_folder
 def test_out_of_range_values_are_refused_and_nothing_is_written(models_dir, changes, param, message):
     make_folder(models_dir, "on-disk")
     ModelSettings.objects.create(model_id="beta")
-    with pytest.raises(BadRequest) as refused:
+    with pytest.raises(InvalidRequest) as refused:
         write_model_settings(model_id="alpha", changes=changes)
     assert refused.value.param == param and message in refused.value.message
     assert not ModelSettings.objects.filter(model_id="alpha").exists()
@@ -29,7 +29,7 @@ def test_out_of_range_values_are_refused_and_nothing_is_written(models_dir, chan
 
 def test_an_alias_used_by_another_model_is_refused(models_dir):
     write_model_settings(model_id="alpha", changes={"alias": "a"})
-    with pytest.raises(BadRequest) as refused:
+    with pytest.raises(InvalidRequest) as refused:
         write_model_settings(model_id="beta", changes={"alias": "a"})
     assert refused.value.param == "alias"
     assert ModelSettings.objects.get(model_id="alpha").alias == "a"
@@ -53,7 +53,7 @@ def test_a_partial_change_keeps_the_other_fields(models_dir):
     ({"colour": "red"}, "colour"),
 ])
 def test_json_types_are_checked_before_the_model_sees_them(body, param):
-    with pytest.raises(BadRequest) as refused:
+    with pytest.raises(InvalidRequest) as refused:
         coerce_settings(body)
     assert refused.value.param == param
 

@@ -6,9 +6,9 @@ import asyncio
 import pytest
 from mlx_lm.utils import load_tokenizer
 
-from pool.engines.requests import Request
+from pool.engines.generation_request import Request
 from pool.engines.stops import find_stop, stop_found
-from pool.engines.types import SamplingParams
+from pool.engines.protocol import SamplingParams
 
 
 @pytest.mark.parametrize("text, stops, found", [

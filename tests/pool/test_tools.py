@@ -13,7 +13,7 @@ from mlx_lm.utils import load_tokenizer
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
-from pool.errors import BadRequest
+from pool.errors import InvalidRequest
 from pool.tools import (FALLBACK, ToolCall, ToolRequest, ToolStream, fallback_call_text, finish_reason,
                         parse_tool_request, prepare_messages, request_format, split_tool_calls,
                         tool_format)
@@ -243,7 +243,7 @@ def test_parse_tool_request_accepts(body, tools, choice, parallel):
     ({"tools": TOOLS, "parallel_tool_calls": "true"}, "parallel_tool_calls"),
 ])
 def test_parse_tool_request_names_the_field(body, param):
-    with pytest.raises(BadRequest) as e:
+    with pytest.raises(InvalidRequest) as e:
         parse_tool_request(body)
     assert e.value.param == param and e.value.status == 400
 
@@ -381,7 +381,7 @@ def test_prepare_messages_leaves_its_input_alone(toks):
 ])
 @pytest.mark.parametrize("fmt_name", ["demo", "qwen"])
 def test_bad_history_is_a_bad_request_naming_the_message(toks, message, param, fmt_name):
-    with pytest.raises(BadRequest) as e:
+    with pytest.raises(InvalidRequest) as e:
         prepare_messages([ASK, message], req(), tool_format(toks[fmt_name]))
     assert e.value.param == param
 

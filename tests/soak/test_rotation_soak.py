@@ -24,6 +24,6 @@ def test_memory_does_not_creep_over_many_rotations(start_server, make_model):
     events = server.get("/api/evictions", params={"limit": 1000}).json()["events"]
     assert len(events) >= 3 * ROUNDS - 2 and not any(e["warning"] for e in events)
     # after a warm-up the resident size stays flat (measured: 351-357 MB; 325 -> 565 MB before
-    # pool/engines/native.py pinned glibc to one arena and a fixed mmap threshold)
+    # pool/engines/memory_release.py pinned glibc to one arena and a fixed mmap threshold)
     warm = usage[ROUNDS // 4]
     assert max(usage[ROUNDS // 4:]) - warm < 25 * MB, [round(u / MB) for u in usage]

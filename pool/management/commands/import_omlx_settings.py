@@ -18,7 +18,7 @@ from django.db import IntegrityError, transaction
 
 from pool.conf import get_settings
 from pool.discovery import discover
-from pool.errors import BadRequest
+from pool.errors import InvalidRequest
 from pool.models import ModelSettings
 from pool.services import OMLX_NAMES, SETTINGS_FIELDS, coerce_settings, invalid_settings, write_model_settings
 
@@ -80,7 +80,7 @@ class Command(BaseCommand):
             try:
                 changes = coerce_settings({k: v for k, v in values.items() if known_key(k)})
                 _check_ranges(model_id, changes)
-            except BadRequest as e:
+            except InvalidRequest as e:
                 problems.append(f"{model_id}: {e.message}")
                 continue
             skipped = sorted(k for k in values if not known_key(k) and k != "model_id")
@@ -142,7 +142,7 @@ class Command(BaseCommand):
                         write_model_settings(model_id=model_id, changes={"alias": None})
                 for model_id, changes, _ in plans:
                     write_model_settings(model_id=model_id, changes=changes)
-        except (BadRequest, IntegrityError) as e:
+        except (InvalidRequest, IntegrityError) as e:
             raise CommandError(f"nothing imported: {model_id}: {getattr(e, 'message', e)}") from None
 
     def _note_running_server(self) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pool.policy.admission import ModelView
+from pool.policy.load_plan import ModelView
 from pool.policy.units import GIB
 
 

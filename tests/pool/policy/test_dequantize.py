@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pool.policy.admission import auto_model_budget
+from pool.policy.load_plan import auto_model_budget
 from pool.policy.dequantize import dequantize_budget, should_dequantize
 
 from .tables import gib

@@ -1,0 +1,108 @@
+"""Anthropic's Messages API: POST /v1/messages (SSE events when streaming) and
+POST /v1/messages/count_tokens, through the router as the OpenAI routes. Errors come in Anthropic's
+envelope and words (words.py), 529 where the OpenAI routes answer 503. A stream sends `ping` events
+every OMLX_SSE_KEEPALIVE seconds until its first token (pool/api/keepalive.py)."""
+
+from __future__ import annotations
+
+from django.http import JsonResponse
+
+from ...runtime import get_runtime
+from ...serving.completion import Completion, CompletionSpec
+from ...tools import ToolCall, ToolStream
+from ..auth import require_key
+from ..dialects import ANTHROPIC
+from ..keepalive import KEEPALIVE, until_first
+from ..route import api_route
+from ..sse import event_stream
+from . import events as shape
+from .events import EventStream, Text, sse
+from .parse import parse_count_tokens, parse_messages, read_body
+
+
+@api_route("POST", auth=require_key, dialect=ANTHROPIC)
+async def messages(request):
+    req = parse_messages(read_body(request))
+    completion = await get_runtime().router.generate(req.spec)
+    reader = _reader(req.spec, completion)
+    if not req.stream:
+        async with completion:
+            return JsonResponse(await _collect(completion, reader))
+    return await event_stream(completion, _stream(completion, reader), ANTHROPIC)
+
+
+@api_route("POST", auth=require_key, dialect=ANTHROPIC)
+async def count_tokens(request):
+    spec = parse_count_tokens(read_body(request))
+    return JsonResponse({"input_tokens": await get_runtime().router.count_tokens(spec)})
+
+
+# ---- the answer ----------------------------------------------------------------------------------
+
+class _PlainText:
+    """The engine's text as text pieces (no tools shown to the model)."""
+
+    def feed(self, text: str) -> list:
+        return [Text(text)] if text else []
+
+    def finish(self) -> list:
+        return []
+
+
+class _WithTools:
+    """The engine's text through the tools layer's parser: text pieces and tool calls, in order."""
+
+    def __init__(self, stream: ToolStream):
+        self._stream = stream
+
+    def feed(self, text: str) -> list:
+        return [_piece(d) for d in self._stream.feed(text)]
+
+    def finish(self) -> list:
+        return [_piece(d) for d in self._stream.finish()]
+
+
+def _piece(delta):
+    if isinstance(delta, ToolCall):
+        return shape.ToolUse(id=delta.id.replace("call_", "toolu_", 1), name=delta.name, arguments=delta.arguments)
+    return Text(delta)
+
+
+def _reader(spec: CompletionSpec, completion: Completion):
+    if not spec.tools or spec.tool_choice == "none" or completion.tool_format is None:
+        return _PlainText()
+    return _WithTools(ToolStream(completion.tool_format, tools=spec.tools, parallel=spec.parallel_tool_calls))
+
+
+async def _collect(completion: Completion, reader) -> dict:
+    pieces, last = [], None
+    async for chunk in completion.chunks():
+        pieces.extend(reader.feed(chunk.text))
+        last = chunk
+    pieces.extend(reader.finish())
+    stop_sequence = last.stop_sequence
+    tool_use = any(isinstance(p, shape.ToolUse) for p in pieces)
+    return shape.message(model=completion.model_id, content=shape.content_blocks(pieces),
+                         stop_reason=shape.stop_reason(last.finish_reason, stop_sequence, tool_use=tool_use),
+                         stop_sequence=None if tool_use else stop_sequence,
+                         usage=shape.usage(last.prompt_tokens, last.completion_tokens))
+
+
+async def _stream(completion: Completion, reader):
+    async with completion:
+        stream = EventStream(model=completion.model_id, input_tokens=completion.prompt_tokens)
+        for event in stream.start():
+            yield sse(*event)
+        async for chunk in until_first(completion.chunks(), get_runtime().settings.sse_keepalive):
+            if chunk is KEEPALIVE:
+                yield sse("ping", {"type": "ping"})
+                continue
+            events = [e for piece in reader.feed(chunk.text) for e in stream.feed(piece)]
+            if chunk.finish_reason is not None:
+                events += [e for piece in reader.finish() for e in stream.feed(piece)]
+                stop_sequence = None if stream.tool_use else chunk.stop_sequence
+                events += stream.finish(
+                    stop_reason=shape.stop_reason(chunk.finish_reason, stop_sequence, tool_use=stream.tool_use),
+                    stop_sequence=stop_sequence, output_tokens=chunk.completion_tokens)
+            if events:
+                yield b"".join(sse(*event) for event in events)

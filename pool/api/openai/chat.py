@@ -1,0 +1,103 @@
+"""POST /v1/chat/completions and /v1/completions (SSE when streaming), through the router.
+
+A chat request with tools (tool_choice not "none") has its answer split into content and tool calls
+by pool.tools: `message.tool_calls` when whole, `delta.tool_calls` chunks (shapes.ToolEvents) when
+streamed, and finish_reason "tool_calls" when the answer holds a call. A stream sends an SSE comment
+(`: keep-alive`) every OMLX_SSE_KEEPALIVE seconds until its first token (pool/api/keepalive.py)."""
+
+from __future__ import annotations
+
+from django.http import JsonResponse
+
+from ...runtime import get_runtime
+from ...serving.completion import Completion
+from ...tools import finish_reason, split_tool_calls
+from ..auth import require_key
+from ..dialects import OPENAI
+from ..fields import json_body
+from ..keepalive import KEEPALIVE, until_first
+from ..route import api_route
+from ..sse import event_stream
+from .parse import parse_completion
+from .shapes import Shape, ToolEvents, sse
+
+KEEPALIVE_COMMENT = b": keep-alive\n\n"     # an SSE comment: every SSE reader skips it
+
+
+@api_route("POST", auth=require_key)
+async def chat_completions(request):
+    return await _complete(request, chat=True)
+
+
+@api_route("POST", auth=require_key)
+async def completions(request):
+    return await _complete(request, chat=False)
+
+
+async def _complete(request, *, chat: bool):
+    req = parse_completion(json_body(request), chat=chat)
+    completion = await get_runtime().router.generate(req.spec)
+    shape = Shape(chat=chat, model=completion.model_id, n=req.spec.n, logprobs=req.spec.logprobs is not None)
+    if not req.stream:
+        async with completion:
+            return JsonResponse(await _collect(completion, shape))
+    return await event_stream(completion, _stream(completion, shape, req.include_usage), OPENAI)
+
+
+def _usage(finals) -> dict:
+    """The prompt is counted once, however many choices were drawn from it."""
+    finals = list(finals)
+    prompt, cached = finals[0].prompt_tokens, finals[0].cached_tokens
+    completion = sum(chunk.completion_tokens for chunk in finals)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+async def _collect(completion: Completion, shape: Shape) -> dict:
+    texts: list[list[str]] = [[] for _ in range(shape.n)]
+    entries: list[list] = [[] for _ in range(shape.n)]
+    finals = {}
+    async for chunk in completion.chunks():
+        texts[chunk.index].append(chunk.text)
+        entries[chunk.index].extend(chunk.logprobs)
+        if chunk.finish_reason is not None:
+            finals[chunk.index] = chunk
+    choices = [_choice(shape, completion, i, "".join(texts[i]), finals[i].finish_reason, entries[i])
+               for i in range(shape.n)]
+    return shape.body(choices, _usage(finals[i] for i in range(shape.n)))
+
+
+def _choice(shape: Shape, completion: Completion, index: int, text: str, reason: str, entries) -> dict:
+    fmt, tools = completion.tool_format, completion.tool_request
+    if fmt is None or tools is None:
+        return shape.choice(index, text, reason, chunk=False, entries=entries)
+    content, calls = split_tool_calls(text, fmt, tools=tools.tools, parallel=tools.parallel_tool_calls)
+    return shape.choice(index, content, finish_reason(reason, bool(calls)), chunk=False, entries=entries,
+                        tool_calls=calls)
+
+
+async def _stream(completion: Completion, shape: Shape, include_usage: bool):
+    async with completion:
+        if shape.chat:
+            for index in range(shape.n):
+                yield sse(shape.chunk(index, None, first=True))
+        else:
+            yield b": stream start\n\n"
+        finals = {}
+        tools = ToolEvents(shape, completion) if completion.tool_format is not None else None
+        async for chunk in until_first(completion.chunks(), get_runtime().settings.sse_keepalive):
+            if chunk is KEEPALIVE:
+                yield KEEPALIVE_COMMENT
+                continue
+            if tools is not None:
+                for event in tools.events(chunk):
+                    yield event
+            elif chunk.text or chunk.logprobs or chunk.finish_reason is None:
+                yield shape.text_event(chunk)
+            if chunk.finish_reason is not None:
+                finals[chunk.index] = chunk
+                reason = chunk.finish_reason if tools is None else tools.reason(chunk)
+                yield sse(shape.chunk(chunk.index, None, reason))
+        if include_usage:
+            yield sse(shape.usage_chunk(_usage(finals.values())))
+        yield OPENAI.stream_end

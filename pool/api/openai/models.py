@@ -1,0 +1,32 @@
+"""GET /v1/models and /v1/models/{id}: every model the router knows, with its capabilities and
+context length (read from its folder, not loaded)."""
+
+from __future__ import annotations
+
+from django.http import JsonResponse
+
+from ...kinds import model_card
+from ...router import Router
+from ...runtime import get_runtime
+from ..auth import require_key
+from ..route import api_route
+
+
+def model_object(router: Router, model) -> dict:
+    created = int(model.path.stat().st_mtime) if model.path.exists() else 0
+    return {"id": model.id, "object": "model", "created": created, "owned_by": "omlx-site",
+            "alias": router.alias(model.id), "state": model.state, "size_bytes": model.size_bytes,
+            **model_card(model.path, model.kind)}
+
+
+@api_route("GET", auth=require_key)
+async def list_models(request):
+    router = get_runtime().router
+    data = [model_object(router, m) for m in router.models() if not router.hidden(m.id)]
+    return JsonResponse({"object": "list", "data": data})
+
+
+@api_route("GET", auth=require_key)
+async def get_model(request, model_id: str):
+    router = get_runtime().router
+    return JsonResponse(model_object(router, router.resolve(model_id).model))

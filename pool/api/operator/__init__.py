@@ -1,0 +1,1 @@
+"""The operators' JSON routes: /api/* (the pool, loads, settings, history, telemetry), /health, /metrics."""

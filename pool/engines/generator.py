@@ -1,0 +1,383 @@
+"""TextEngine: a language model's engine (protocol.TextGenerator): mlx-lm loading and batched
+generation on the engine's own thread (worker.py owns the thread and its commands).
+
+The engine thread runs a `BatchGenerator` per lane (continuous batching: requests join and leave
+between decode steps) and hands what each step produced back to the event loop in one
+`loop.call_soon_threadsafe` per step (generation_request.Outbox).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+import mlx.core as mx
+from mlx_lm.generate import generation_stream
+from mlx_lm.sample_utils import make_sampler
+
+from .generation_request import Outbox, Request, coalesced
+from .grammar import prepare as prepare_grammar
+from .lanes import BatchLane, SoloLane, new_cache, prefill_chunk
+from .loading import fill_weights, model_info, open_model
+from .processors import TokenText, logits_processors, token_logprob
+from .prompt_cache import PromptCache, make_prompt_cache_store
+from .protocol import (CacheStats, Chunk, EngineError, KVConfig, LoadAborted, LoadOptions, LoadResult,
+                       PromptCacheOptions, RequestAborted, SamplingParams)
+from .shared_prefill import SharedPrefill
+from .worker import EngineWorker, unloaded
+
+log = logging.getLogger(__name__)
+
+STATS_INTERVAL = 0.05     # seconds between two readings of the KV sizes while requests decode
+PREFILL_STEP = 512         # prompt tokens read per step until the pool sets its own (OMLX_PREFILL_STEP)
+KV_GROWTH_STEP = 64 * 2**20   # the live KV grown by this much since the last report wakes the enforcer
+
+
+class TextEngine(EngineWorker):
+    """One language model on one engine thread. Every public coroutine is safe to call from the event loop."""
+
+    def __init__(self, model_id: str, path: Path, *, load: LoadOptions = LoadOptions(),
+                 prompt_cache: PromptCacheOptions = PromptCacheOptions(),
+                 on_kv_growth: Callable[[int], None] | None = None):
+        super().__init__(model_id, path)
+        self._load_options = load
+        self._cache_options = prompt_cache
+        self._prompt_cache: PromptCache | None = None    # made on the engine thread (the disk tier reads files)
+        self._on_kv_growth = on_kv_growth       # called from the thread when the live KV grew a KV_GROWTH_STEP
+        self._kv_reported = 0
+        self._model = None
+        self._tokenizer = None
+        self._lanes: dict[Any, BatchLane | SoloLane] = {}    # KVConfig, or ("solo", n) for quantized KV
+        self._solo_ids = itertools.count()
+        self._stop_tokens: list[list[int]] = []
+        self.prefill_step = PREFILL_STEP     # the enforcer lowers it under pressure (read each step)
+        self._requests: dict[Any, Request] = {}
+        self._prefills: list[SharedPrefill] = []       # prompts read once for several choices
+        self._token_text: TokenText | None = None       # made for the first request asking for logprobs
+        self._outbox = Outbox()
+        self._stats_at = 0.0
+        self._weight_bytes = 0
+        self.active_requests = 0
+
+    async def shrink_prompt_cache(self, *, cap_bytes: int, free_bytes: int = 0) -> int:
+        """Set the prompt cache's cap, and drop least recently used entries until `free_bytes` more
+        are freed; returns the bytes freed."""
+        return await self.call(lambda: self._shrink_prompt_cache(cap_bytes, free_bytes))
+
+    def abort_all(self, message: str, code: str = "request_aborted") -> None:
+        """End every running request with `RequestAborted(message, code)`; the model stays loaded."""
+        error = RequestAborted(message, code)
+        self._post(lambda: self._abort_all(error))
+
+    def prepare_constraints(self) -> None:
+        """Build the tokenizer's grammar tables now (about 1 s, once per tokenizer), on the calling
+        thread, rather than on the engine thread at the first constrained request, where they would
+        stall the model's running streams."""
+        if self._tokenizer is not None:
+            prepare_grammar(self._tokenizer)
+
+    # ---- prompts ---------------------------------------------------------------------------
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int | None:
+        return len(self._tokenizer) if self._tokenizer is not None else None
+
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """The prompt of a chat; `tools` (OpenAI function tools) go to the chat template, which
+        renders them where it knows how (one without tool support ignores them)."""
+        tok = self._tokenizer
+        if getattr(tok, "has_chat_template", False):
+            extra = {"tools": list(tools)} if tools else {}
+            return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra))
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+        return list(tok.encode(text))
+
+    def encode_text(self, prompt: str) -> list[int]:
+        return list(self._tokenizer.encode(prompt))
+
+    # ---- generation ------------------------------------------------------------------------
+
+    async def generate(self, tokens: list[int], params: SamplingParams) -> AsyncIterator[Chunk]:
+        """Yield chunks of text; with `params.n` > 1, the chunks of every choice (`Chunk.index`),
+        until each has had its last. Closing or cancelling the iterator removes the request from
+        the batch before the next decode step."""
+        loop = asyncio.get_running_loop()
+        first = Request(tokens=tokens, params=params, loop=loop)
+        choices = [first] + [Request(tokens=tokens, params=params, loop=loop, ready=first.ready,
+                                     arrived=first.arrived, index=i) for i in range(1, params.n)]
+        if not self._post(lambda: self._insert(choices), refused=functools.partial(self._refuse, choices)):
+            raise unloaded()
+        unfinished = len(choices)
+        try:
+            while True:
+                if not first.arrived:
+                    await first.ready.wait()
+                first.ready.clear()
+                items = coalesced(first.arrived)
+                first.arrived.clear()
+                for item in items:
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield item
+                    if item.finish_reason is not None:
+                        unfinished -= 1
+                        if not unfinished:
+                            return
+        finally:
+            for req in choices:
+                if not req.done:
+                    self._post(functools.partial(self._remove, req))
+
+    # ---- the engine thread -----------------------------------------------------------------
+
+    def _refuse(self, choices: list[Request], error: BaseException) -> None:
+        for req in choices:
+            self._outbox.emit(req, error)
+
+    def _open(self, memory_free: threading.Event | None) -> LoadResult:
+        started = time.perf_counter()
+        model, tokenizer, config = open_model(self.path, dequantize=self._load_options.dequantize)
+        self._model, self._tokenizer = model, tokenizer
+        if memory_free is not None:
+            memory_free.wait()
+        if self.abort_load:
+            raise LoadAborted("load aborted: process memory pressure")
+        # the weights' own bytes, not MLX's active-memory delta: other engines allocate meanwhile
+        weight_bytes = self._weight_bytes = fill_weights(model, self._load_options.group_bytes)
+        self.model_info = model_info(model, config)
+        self._prompt_cache = make_prompt_cache_store(self.model_id, self.path, self._cache_options)
+        self._stop_tokens = [[t] for t in sorted(tokenizer.eos_token_ids)]
+        self._lanes = {KVConfig(): BatchLane(model, KVConfig(), self._stop_tokens)}
+        return LoadResult(measured_bytes=weight_bytes,
+                          seconds=time.perf_counter() - started, model_info=self.model_info)
+
+    def _has_work(self) -> bool:
+        pc = self._prompt_cache
+        return bool(self._requests or self._prefills) or (pc is not None and pc.unsaved)
+
+    def _work(self) -> None:
+        if self._requests or self._prefills:
+            self._step()
+        elif self._prompt_cache is not None:
+            self._prompt_cache.save_one()    # idle: write the disk tier's entries now (prompt_cache.py)
+
+    def _after_commands(self) -> None:
+        self._outbox.flush()
+
+    def _insert(self, choices: list[Request]) -> None:
+        """A request's choices: one starts in its lane at once; several have their prompt read once
+        (a SharedPrefill, stepped with the lanes) and then start together."""
+        req, p = choices[0], choices[0].params
+        try:   # anything that fails here ends this request, never the engine's thread
+            if p.seed is not None:
+                mx.random.seed(p.seed)
+            cache, cached = None, 0
+            if p.cache_prompt and p.kv.default and self._prompt_cache is not None:
+                cache, cached = self._prompt_cache.fetch(req.tokens)
+            for choice in choices:
+                choice.cached_tokens = cached
+            if len(choices) == 1:
+                self._start(req, req.tokens[cached:], cache, req.tokens[:cached])
+            else:
+                cache = cache if cache is not None else new_cache(self._model, p.kv)
+                self._prefills.append(SharedPrefill(self._model, req.tokens[cached:], cache,
+                                                    req.tokens[:cached], choices))
+        except Exception as e:  # noqa: BLE001
+            self._fail_start(choices, e)
+            return
+        self._count_active()
+
+    def _start(self, req: Request, tokens: list[int], cache, all_tokens: list[int]) -> None:
+        """Put one choice into its lane, with its own sampler and logits processors."""
+        p = req.params
+        req.lane = self._lane_for(p.kv)
+        if p.logprobs is not None and self._token_text is None:
+            self._token_text = TokenText(self._tokenizer)
+        req.uid = self._lanes[req.lane].insert(
+            tokens, cache=cache, all_tokens=all_tokens, max_tokens=p.max_tokens,
+            sampler=make_sampler(temp=p.temperature, top_p=p.top_p if p.top_p < 1.0 else 0.0),
+            processors=logits_processors(p, self._tokenizer))
+        req.detokenizer = self._tokenizer.detokenizer
+        self._requests[(req.lane, req.uid)] = req
+
+    def _fail_start(self, choices: list[Request], error: Exception) -> None:
+        for req in choices:
+            self._remove(req)
+            self._retire(req.lane)
+            self._outbox.emit(req, EngineError(f"could not start generation: {error}"))
+
+    def _step_prefills(self) -> None:
+        """Read one chunk of each shared prompt; a prompt read in full starts its choices."""
+        for job in list(self._prefills):
+            try:
+                if not job.step(prefill_chunk(job.requests[0].params.kv, self.prefill_step)):
+                    continue
+                self._prefills.remove(job)
+                for req, cache in job.fork():
+                    self._start(req, job.pending, cache, job.fed)
+            except Exception as e:  # noqa: BLE001 - ends these choices, not the thread
+                log.exception("reading a shared prompt failed on %s", self.model_id)
+                if job in self._prefills:
+                    self._prefills.remove(job)
+                self._fail_start(job.requests, e)
+        self._count_active()
+
+    def _count_active(self) -> None:
+        self.active_requests = len(self._requests) + sum(len(job.requests) for job in self._prefills)
+
+    def _lane_for(self, kv: KVConfig):
+        """Requests that can batch together share a lane; quantized KV gets one of its own."""
+        key = kv if kv.batches else ("solo", next(self._solo_ids))
+        if key not in self._lanes:
+            lane_type = BatchLane if kv.batches else SoloLane
+            self._lanes[key] = lane_type(self._model, kv, self._stop_tokens)
+        return key
+
+    def _retire(self, key) -> None:
+        """Close a lane its last request left, but the default one, which stays for the next."""
+        lane = self._lanes.get(key)
+        if lane is not None and lane.empty and key != KVConfig():
+            lane.close()
+            del self._lanes[key]
+
+    def _remove(self, req: Request, *, keep_cache: bool = False) -> None:
+        if req.uid is not None and self._requests.pop((req.lane, req.uid), None) is not None:
+            lane = self._lanes.get(req.lane)
+            kept = lane.remove(req.uid, keep_cache=keep_cache) if lane is not None else None
+            if kept:
+                self._store(req, *kept)
+            self._retire(req.lane)
+        elif req.uid is None:
+            self._drop_from_prefills(req)
+        req.done = True
+        self._count_active()
+
+    def _drop_from_prefills(self, req: Request) -> None:
+        for job in self._prefills:
+            if req in job.requests:
+                job.requests.remove(req)
+                if not job.requests:
+                    self._prefills.remove(job)
+                return
+
+    def _store(self, req: Request, cache, tokens) -> None:
+        # one choice's KV is enough for the next turn, whichever choice the client keeps
+        if req.params.cache_prompt and req.params.kv.default and self._prompt_cache is not None and cache \
+                and req.index == 0:
+            self._prompt_cache.store(list(tokens), cache)
+
+    def _abort_all(self, error: BaseException) -> None:
+        waiting = [req for job in self._prefills for req in job.requests]
+        for req in list(self._requests.values()) + waiting:
+            self._remove(req)
+            self._outbox.emit(req, error)
+
+    def _step(self) -> None:
+        if self._prefills:
+            self._step_prefills()
+        for key, lane in list(self._lanes.items()):
+            if lane.empty:
+                continue
+            lane.set_prefill_step(self.prefill_step)
+            try:
+                steps = lane.step()
+            except Exception as e:  # noqa: BLE001 - one bad step must not kill the thread
+                log.exception("generation step failed on %s", self.model_id)
+                self._fail_lane(key, EngineError(f"generation failed: {type(e).__name__}"))
+                continue
+            for step in steps:
+                req = self._requests.get((key, step.uid))
+                if req is None:
+                    continue
+                try:   # a request that fails here ends alone; the lane and the thread go on
+                    if step.finish_reason is not None:
+                        self._store(req, step.prompt_cache, step.all_tokens)
+                    self._deliver(req, step.token, step.finish_reason, step.logprobs)
+                except Exception as e:  # noqa: BLE001
+                    log.exception("delivering a token failed on %s", self.model_id)
+                    self._remove(req)
+                    self._outbox.emit(req, EngineError(f"generation failed: {type(e).__name__}"))
+            self._retire(key)
+        if time.monotonic() - self._stats_at >= STATS_INTERVAL or not self._requests:
+            self._update_cache_stats()
+
+    def _fail_lane(self, key, error: EngineError) -> None:
+        for req in [r for (k, _), r in self._requests.items() if k == key]:
+            self._remove(req)
+            self._outbox.emit(req, error)
+        lane = self._lanes.pop(key, None)
+        if lane is not None:
+            lane.close()
+        if key == KVConfig():
+            self._lanes[key] = BatchLane(self._model, KVConfig(), self._stop_tokens)
+
+    def _update_cache_stats(self) -> None:
+        self._stats_at = time.monotonic()
+        pc = self._prompt_cache
+        kv = sum(lane.kv_bytes for lane in self._lanes.values()) + sum(job.kv_bytes for job in self._prefills)
+        disk = pc.disk if pc is not None else None
+        self.cache_stats = CacheStats(kv_bytes=kv) if pc is None else CacheStats(
+            kv_bytes=kv, prompt_cache_bytes=pc.nbytes, prompt_cache_entries=pc.entries,
+            prompt_cache_cap_bytes=pc.cap_bytes, hits=pc.stats.hits, misses=pc.stats.misses,
+            tokens_saved=pc.stats.tokens_saved, disk_bytes=disk.nbytes if disk else 0,
+            disk_entries=disk.entries if disk else 0, disk_hits=disk.stats.hits if disk else 0)
+        if kv < self._kv_reported:
+            self._kv_reported = kv
+        elif kv - self._kv_reported >= KV_GROWTH_STEP:
+            self._kv_reported = kv
+            if self._on_kv_growth is not None:
+                self._on_kv_growth(kv)
+
+    def _shrink_prompt_cache(self, cap_bytes: int, free_bytes: int) -> int:
+        pc = self._prompt_cache
+        if pc is None:
+            return 0
+        freed = pc.set_cap(cap_bytes)
+        if free_bytes > freed:
+            freed += pc.trim(pc.nbytes - (free_bytes - freed))
+        self._update_cache_stats()
+        return freed
+
+    def _deliver(self, req: Request, token: int, finish_reason: str | None, logprobs=None) -> None:
+        top = req.params.logprobs
+        if top is not None and finish_reason != "stop" and logprobs is not None:
+            chunk, stopped_here = req.advance(token, finish_reason,
+                                              token_logprob(logprobs, token, top, self._token_text))
+        else:
+            chunk, stopped_here = req.advance(token, finish_reason)
+        if chunk is not None:
+            self._outbox.emit(req, chunk)
+        if chunk is not None and chunk.finish_reason is not None:
+            self._remove(req, keep_cache=stopped_here)   # a stop string ends it before the generator does
+
+    def _held_bytes(self) -> int:
+        return self._weight_bytes + sum(lane.kv_bytes for lane in self._lanes.values()) + (
+            self._prompt_cache.nbytes if self._prompt_cache is not None else 0)
+
+    def _release(self, message: str) -> None:
+        self._abort_all(RequestAborted(message or "the model was unloaded", "model_unloaded"))
+        self._outbox.flush()
+        if self._prompt_cache is not None:
+            self._prompt_cache.clear()
+        mx.synchronize(generation_stream)  # mlx-lm's look-ahead step still holds arrays
+
+    def _drop_model(self) -> None:
+        for lane in self._lanes.values():
+            lane.close()
+        self._lanes = {}
+        self._prefills = []
+        self._token_text = None
+        self._model = self._tokenizer = None
+        self._requests.clear()
+        super()._drop_model()
+

@@ -1,0 +1,132 @@
+"""The fast path for a request alone in its lane: mlx-lm's single-sequence `generate_step`.
+
+mlx-lm's BatchGenerator decodes one sequence at about two thirds of `generate_step`'s speed on a
+GPU (a batch cache, its masks and per-step bookkeeping). So a lane whose only request is decoding
+runs it through `generate_step`, and hands it back to the batch when another request arrives.
+
+A request moves between the two with its KV cache and the tokens in it. Both generators run one
+step ahead, so the cache always holds the last token handed out; a move trims that token and
+feeds it again, which yields the same next token (`Pending`, below)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step, generation_stream
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+
+
+@dataclass
+class Pending:
+    """A request on its way into a generator: `tokens` still to feed on top of `cache`, which
+    holds the KV of `all_tokens` (none yet: cache None, all_tokens []). Its logits processors go
+    with it: they see the same token list on either side."""
+    uid: int
+    tokens: list[int]
+    cache: list[Any] | None
+    all_tokens: list[int]
+    max_tokens: int
+    sampler: Callable
+    processors: tuple = ()
+
+
+def read_prompt_chunk(model, cache: list[Any], tokens: list[int]) -> None:
+    """Feed prompt tokens into `cache` without asking for logits (one engine step's worth)."""
+    with mx.stream(generation_stream):
+        model(mx.array(tokens)[None], cache=cache)
+        mx.eval([c.state for c in cache])
+
+
+def with_history(processors, history: list[int]) -> list:
+    """mlx-lm's BatchGenerator hands a request's processors every token in its KV cache; its
+    generate_step only the tokens it was given. Prefixing those with the ones already in the cache
+    shows the processors the same list on both paths (a constraint's state depends on it)."""
+    if not processors:
+        return []
+    if not history:
+        return list(processors)
+    prefix = mx.array(history, dtype=mx.int32)
+
+    def processor(tokens, logits):
+        seen = mx.concatenate([prefix, tokens.astype(mx.int32)])
+        for p in processors:
+            logits = p(seen, logits)
+        return logits
+    return [processor]
+
+
+def can_run_single(model) -> bool:
+    """Only a model whose cache can be trimmed by a token can move between the two generators."""
+    return can_trim_prompt_cache(make_prompt_cache(model))
+
+
+class SingleSequence:
+    """One request: its prompt read in chunks (one per engine step, so other lanes and commands
+    go on between them), then `generate_step`, one token per engine step."""
+
+    def __init__(self, model, pending: Pending, stop: set[int]):
+        self.model, self.stop = model, stop
+        self.uid, self.sampler, self.max_tokens = pending.uid, pending.sampler, pending.max_tokens
+        self.processors = pending.processors
+        self.cache = pending.cache if pending.cache is not None else make_prompt_cache(model)
+        self.fed = list(pending.all_tokens)     # tokens whose KV is in the cache, before generation
+        self.pending = list(pending.tokens)     # prompt tokens not yet read
+        self.generated: list[int] = []
+        self._steps = None
+
+    def step(self, prefill_step: int) -> tuple[int, Any, str | None] | None:
+        """Read one chunk of prompt (returns None) or decode one token: (token, its logprobs
+        vector, finish_reason)."""
+        if self._steps is None and len(self.pending) > 1:
+            n = min(prefill_step, len(self.pending) - 1)
+            read_prompt_chunk(self.model, self.cache, self.pending[:n])
+            self.fed += self.pending[:n]
+            del self.pending[:n]
+            return None
+        if self._steps is None:
+            self._steps = generate_step(mx.array(self.pending), self.model, max_tokens=self.max_tokens,
+                                        sampler=self.sampler, prompt_cache=self.cache,
+                                        logits_processors=with_history(self.processors, self.fed))
+        token, logprobs = next(self._steps)
+        self.generated.append(token)
+        finish = "stop" if token in self.stop else ("length" if len(self.generated) >= self.max_tokens else None)
+        if finish is not None:
+            self.close()
+        return token, logprobs, finish
+
+    @property
+    def all_tokens(self) -> list[int]:
+        """The tokens whose KV the cache holds (the look-ahead has fed the last generated one)."""
+        return self.fed + (self.pending + self.generated if self._steps is not None or self.generated else [])
+
+    def finished_cache(self) -> tuple[list[Any], list[int]]:
+        tokens = self.all_tokens
+        self._trim_to(len(tokens))
+        return self.cache, tokens
+
+    def handover(self) -> Pending:
+        """Stop here and give the request to another generator, as a `Pending` it can insert."""
+        if self._steps is None and not self.generated:
+            return Pending(self.uid, self.pending, self.cache, self.fed, self.max_tokens, self.sampler,
+                           self.processors)
+        self.close()
+        tokens = self.all_tokens
+        self._trim_to(len(tokens) - 1)
+        return Pending(self.uid, tokens[-1:], self.cache, tokens[:-1], self.max_tokens - len(self.generated),
+                       self.sampler, self.processors)
+
+    def _trim_to(self, length: int) -> None:
+        excess = self.cache[0].offset - length
+        if excess > 0:
+            trim_prompt_cache(self.cache, excess)
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(c.nbytes for c in self.cache)
+
+    def close(self) -> None:
+        if self._steps is not None:
+            self._steps.close()
+            self._steps = None

@@ -1,0 +1,183 @@
+"""EngineWorker: what every engine does the same way, whatever its kind of model.
+
+One model on one engine thread (kept and reused across loads: threads.py). The event loop never
+touches MLX: it sends commands (mailbox.py) and awaits their futures. The thread's life is
+load -> serve -> close: `_open` reads the model (its weights only once `memory_free` is set, when
+the models a load evicts are gone), `_serve` runs commands and the subclass's work between them until
+a Stop arrives, the release measures what the model held and what MLX's active memory fell by, and
+closing the mailbox answers every command still queued, so nobody waits on a thread that has ended.
+
+Subclasses say what loading means (`_open`), what work runs between commands (`_has_work`, `_work`),
+what to end before a release (`_release`) and what to drop (`_drop_model`)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import queue
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+import mlx.core as mx
+import psutil
+
+from .mailbox import Command, Mailbox, Stop, settle
+from .memory_release import ACCOUNTING, release_memory, trim_native_heap
+from .protocol import CacheStats, LoadAborted, LoadResult, ReleaseResult, RequestAborted
+from .threads import ENGINE_THREADS, Running
+
+NOTHING_RELEASED = ReleaseResult(0, 0, 0, 0)
+
+
+def unloaded() -> RequestAborted:
+    return RequestAborted("the model was unloaded", "model_unloaded")
+
+
+class EngineWorker:
+    thread_label = "engine"
+
+    def __init__(self, model_id: str, path: Path):
+        self.model_id = model_id
+        self.path = Path(path)
+        self.abort_load = False
+        self.model_info: dict = {}
+        self.cache_stats = CacheStats()
+        self._mailbox = Mailbox()
+        self._thread: Running | None = None
+        self._stop: Stop | None = None
+
+    # ---- the event loop's side ----------------------------------------------------------------
+
+    async def load(self, *, memory_free: threading.Event | None = None) -> LoadResult:
+        """Load on an engine thread. With `memory_free`, everything but the weights is read first
+        and the weights wait for it."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._thread = ENGINE_THREADS.start(functools.partial(self._run, loop, future, memory_free),
+                                            name=f"{self.thread_label}:{self.model_id}")
+        return await future
+
+    async def stop(self, message: str = "the model was unloaded") -> ReleaseResult:
+        """End every request, free the model and end the thread's job; returns what was measured."""
+        if self._thread is None or not self._thread.is_alive():
+            return NOTHING_RELEASED
+        self._before_stop(message)
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if not self._mailbox.put(Stop(message, loop=loop, future=future)):
+            return NOTHING_RELEASED
+        result = await future
+        # the thread still has to end its MLX streams; a process that exits first can abort
+        await asyncio.to_thread(self._thread.join, 30)
+        return result
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """Run fn on the engine thread between two pieces of work (MLX work that must not leave it)."""
+        return await self._ask(fn)
+
+    def trim_heap(self) -> None:
+        """Hand freed heap pages back to the OS (from any thread)."""
+        trim_native_heap()
+
+    async def _ask(self, fn: Callable[[], Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if not self._mailbox.put(Command(fn, loop=loop, future=future)):
+            raise unloaded()
+        return await future
+
+    def _post(self, fn: Callable[[], Any], *, refused: Callable[[BaseException], None] | None = None) -> bool:
+        """Send fn without waiting for it; False when the thread has ended."""
+        return self._mailbox.put(Command(fn, refused=refused))
+
+    def _before_stop(self, message: str) -> None:
+        """On the loop, as a stop is sent (an encoder fails its queued jobs here)."""
+
+    # ---- the engine thread ----------------------------------------------------------------------
+
+    def _run(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future,
+             memory_free: threading.Event | None) -> None:
+        try:
+            try:
+                result = self._open(memory_free)
+                if self.abort_load:
+                    raise LoadAborted("load aborted: process memory pressure")
+            except BaseException as e:  # noqa: BLE001 - reported to the waiting coroutine
+                self._drop_model()
+                settle(loop, future, error=e)
+                return
+            settle(loop, future, result)
+            self._serve()
+        finally:
+            self._close()   # the thread then synchronizes and goes back to ENGINE_THREADS
+
+    def _serve(self) -> None:
+        while self._stop is None:
+            self._take_commands(block=not self._has_work())
+            if self._stop is None and self._has_work():
+                self._work()
+            self._after_commands()
+        stop, self._stop = self._stop, None
+        stop.settle(self._measured_release(stop.message))
+
+    def _take_commands(self, block: bool) -> None:
+        while True:
+            try:
+                command = self._mailbox.get(block=block)
+            except queue.Empty:
+                return
+            block = False
+            if isinstance(command, Stop):
+                self._stop = command
+                return
+            command.execute()
+
+    def _measured_release(self, message: str) -> ReleaseResult:
+        with ACCOUNTING:          # no load fills weights while the fall is measured
+            rss_before, active_before = _rss(), mx.get_active_memory()
+            held = self._held_bytes()
+            self._release(message)
+            self._drop_model()
+            return ReleaseResult(active_before, mx.get_active_memory(), rss_before, _rss(), held)
+
+    def _close(self) -> None:
+        """Take no more commands and answer those still queued: a caller that raced the unload
+        (the enforcer shrinking caches, a request arriving) gets an error, never a wait forever."""
+        gone = unloaded()
+        for command in self._mailbox.close():
+            if isinstance(command, Stop):
+                command.settle(NOTHING_RELEASED)
+            else:
+                command.refuse(gone)
+        self._after_commands()
+
+    # ---- what a kind of engine says ---------------------------------------------------------------
+
+    def _open(self, memory_free: threading.Event | None) -> LoadResult:
+        raise NotImplementedError
+
+    def _has_work(self) -> bool:
+        """Work to do between commands: the thread does not block on its mailbox meanwhile."""
+        return False
+
+    def _work(self) -> None:
+        """One piece of that work (a decode step, say)."""
+
+    def _after_commands(self) -> None:
+        """After each round of commands and work (a generator hands its output to the loop here)."""
+
+    def _held_bytes(self) -> int:
+        """What the model holds as it is released: weights, caches, KV."""
+        return 0
+
+    def _release(self, message: str) -> None:
+        """End what runs before the model is dropped (requests, caches); synchronize MLX."""
+        mx.synchronize()
+
+    def _drop_model(self) -> None:
+        release_memory()
+
+
+def _rss() -> int:
+    return psutil.Process().memory_info().rss

@@ -1,0 +1,49 @@
+"""What the pool decides for an engine before it loads: whether a quantized model is served as
+float32, its prompt cache's caps and folder, how its weights are read. The engine obeys; it reads no
+settings of its own."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..backend import cpu_backend
+from ..discovery import ModelFolder
+from ..engines.protocol import LoadOptions, PromptCacheOptions
+from ..policy.dequantize import dequantize_budget, should_dequantize
+from ..policy.load_plan import auto_model_budget
+from .entries import Entry
+
+
+def wants_dequantize(conf, folder: ModelFolder, capacity: int) -> bool:
+    """Whether the CPU backend serves this quantized model as float32 (OMLX_CPU_DEQUANTIZE)."""
+    mode = conf.cpu_dequantize
+    if folder.dense_bytes is None or mode == "off" or not cpu_backend():
+        return False
+    budget = dequantize_budget(conf.max_model_memory, capacity)
+    return should_dequantize(mode, cpu_backend=True, dense_bytes=folder.dense_bytes, budget=budget)
+
+
+def prompt_cache_cap(conf, budget: int | None, capacity: int) -> int:
+    """Each model's prompt cache cap as configured (0 = off), before pressure walks it: `auto` is a
+    tenth of the model budget."""
+    value = conf.prompt_cache_bytes
+    if value == "off" or not conf.prompt_cache_entries:
+        return 0
+    if value == "auto":
+        return (budget if budget is not None else auto_model_budget(capacity)) // 10
+    return int(value)
+
+
+def engine_options(conf, entry: Entry, *, prompt_cache_bytes: int,
+                   on_kv_growth: Callable[[int], None]) -> dict[str, Any]:
+    """The keyword arguments of the entry's engine: LoadOptions for every kind; the prompt cache and
+    the KV growth report for kinds that keep KV."""
+    options: dict[str, Any] = {"load": LoadOptions(group_bytes=conf.load_group_bytes, dequantize=entry.dequantize)}
+    if entry.kind.keeps_kv:
+        disk = conf.prompt_cache_disk_bytes
+        options["prompt_cache"] = PromptCacheOptions(
+            max_bytes=prompt_cache_bytes, max_entries=conf.prompt_cache_entries,
+            folder=conf.home / "prompt-cache" / entry.id.replace("/", "--"),
+            disk_bytes=0 if disk == "off" else int(disk))
+        options["on_kv_growth"] = on_kv_growth
+    return options

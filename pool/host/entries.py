@@ -1,0 +1,62 @@
+"""One model as this host's engine pool holds it (`Entry`), and the plain view of it the policy
+functions decide over (`ModelView`)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..kinds import CHAT, Kind
+from ..policy.load_plan import ModelView
+from ..policy.redact import without_paths
+from ..policy.vocabulary import ModelState, Reason
+
+
+@dataclass
+class Entry:
+    id: str
+    path: Path
+    size_bytes: int                          # what a load will take (dense when it is to be dequantized)
+    kind: Kind = CHAT
+    dequantize: bool = False                 # serve it as float32 (decided once, at discovery)
+    state: ModelState = ModelState.UNLOADED
+    measured_bytes: int | None = None
+    engine: Any = None                       # an engines.protocol.Engine of its kind's protocol
+    leases: int = 0
+    last_access: float = 0.0
+    idle_since: float = 0.0
+    pinned: bool = False
+    ttl_seconds: float | None = None
+    keep_alive: float | None = None          # decided by the busy period that ended last
+    busy_keep_alive: float | None = None     # merged over the current busy period
+    marked_for_unload: Reason | None = None
+    failure: str | None = None
+    load_started_at: float | None = None
+    load_seconds: float | None = None
+    load_note: str = ""
+    model_settings: dict[str, Any] = field(default_factory=dict)   # its ModelSettings row's values
+    load_future: asyncio.Future | None = None
+    unload_future: asyncio.Future | None = None
+
+    @property
+    def alias(self) -> str | None:
+        return self.model_settings.get("alias") or None
+
+    @property
+    def hidden(self) -> bool:
+        return bool(self.model_settings.get("is_hidden"))
+
+    def view(self, default_ttl: float | None) -> ModelView:
+        ttl = self.ttl_seconds if self.ttl_seconds is not None else default_ttl
+        return ModelView(id=self.id, state=self.state, size_bytes=self.size_bytes, measured_bytes=self.measured_bytes,
+                         pinned=self.pinned, leases=self.leases, last_access=self.last_access,
+                         idle_since=self.idle_since, ttl_seconds=ttl, keep_alive=self.keep_alive,
+                         marked_for_unload=self.marked_for_unload)
+
+    def shown_failure(self, error: BaseException) -> str:
+        """A load error as clients see it: files named inside the model's folder, never by absolute
+        path (the log keeps the whole message)."""
+        folders = {str(self.path): self.id, str(self.path.resolve()): self.id}
+        return without_paths(f"{type(error).__name__}: {error}", folders)

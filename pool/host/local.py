@@ -1,0 +1,101 @@
+"""LocalHost: this process as a host (protocol.Host): its engine pool, the request gate, the serving
+door and the memory enforcer, wired together. Tests build one over fake engines and a fake probe
+(tests/fakes.py); the runtime builds the real one (pool/runtime.py)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any, Callable, Iterable
+
+from ..events import EventLog
+from ..kinds import Kind
+from ..memory import MemoryReading
+from ..policy.load_plan import LoadPlan
+from ..serving import completion, embedding
+from ..serving.door import Door
+from ..serving.gate import RequestGate
+from .engine_pool import EngineMaker, EnginePool, make_engine
+from .enforcer import MemoryEnforcer
+from .entries import Entry
+from .pressure_actions import PressureActions
+from .snapshot import build as build_snapshot
+
+
+def default_host_id(port: int) -> str:
+    return f"{socket.gethostname()}:{port}"
+
+
+class LocalHost:
+    def __init__(self, conf, probe, *, events: EventLog | None = None, host_id: str | None = None,
+                 clock: Callable[[], float] = time.time, engine_maker: EngineMaker = make_engine,
+                 telemetry: Any = None, on_reject: Callable[[str], None] | None = None):
+        self.host_id = host_id or default_host_id(conf.port)
+        self.conf = conf
+        self.probe = probe
+        self.pool = EnginePool(conf, probe, clock=clock, events=events, engine_maker=engine_maker)
+        self.events = self.pool.events
+        self.gate = RequestGate(conf, probe, on_reject=on_reject)
+        self.door = Door(self.pool, self.gate)
+        self.actions = PressureActions(self.pool)
+        self.enforcer = MemoryEnforcer(self.pool, self.actions, probe, self.gate, telemetry=telemetry)
+
+    # ---- the models ----------------------------------------------------------------------------
+
+    def models(self) -> Iterable[Entry]:
+        return list(self.pool.entries.values())
+
+    def apply_model_settings(self, model_id: str, values: dict[str, Any]) -> None:
+        self.pool.apply_model_settings(model_id, values)
+
+    def rediscover(self) -> None:
+        self.pool.rediscover()
+
+    async def load(self, model_id: str) -> Entry:
+        return await self.pool.load(model_id)
+
+    async def unload(self, model_id: str, *, force: bool = False) -> Entry:
+        return await self.pool.unload(model_id, force=force)
+
+    def plan(self, model_id: str) -> LoadPlan:
+        return self.pool.plan(model_id)
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    def lease(self, model_id: str, kind: Kind, *, keep_alive: float | None = None):
+        return self.door.acquire(model_id, kind, keep_alive=keep_alive)
+
+    async def generate(self, model_id: str, spec: completion.CompletionSpec) -> completion.Completion:
+        return await completion.open_completion(self.door, model_id, spec)
+
+    async def count_tokens(self, model_id: str, spec: completion.CompletionSpec) -> int:
+        return await completion.count_tokens(self.door, model_id, spec)
+
+    async def embed(self, model_id: str, spec: embedding.EmbeddingSpec) -> embedding.Embeddings:
+        return await embedding.embed(self.door, model_id, spec)
+
+    # ---- state ---------------------------------------------------------------------------------
+
+    def memory(self) -> MemoryReading:
+        return self.probe.read()
+
+    def state(self) -> dict[str, Any]:
+        """The snapshot (snapshot.py): every model, memory, the enforcer's lines, the recent events."""
+        return build_snapshot(self.pool, self.door.slots, self.probe.read(), self.enforcer.state())
+
+    async def tick(self):
+        """One enforcer tick now (operators' "check now")."""
+        return await self.enforcer.tick()
+
+    # ---- start and stop ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.enforcer.start()
+        await self.pool.preload_pinned()
+
+    def end_requests(self, message: str, code: str) -> None:
+        self.pool.end_requests(message, code)
+
+    async def stop(self) -> None:
+        await self.enforcer.stop()
+        await self.pool.shutdown()
