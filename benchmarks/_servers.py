@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from _models import ROOT
 
 

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-
 from _bandwidth import Bound
 from _models import demo_model
 from _servers import numbered_prompt, percentile, start_mlx_lm, start_omlx

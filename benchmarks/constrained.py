@@ -46,7 +46,9 @@ def mask_seconds(constraint, tokenizer, prompt: list[int], output: list[int], vo
     """The processor's own time per token, replaying an output with the logits already computed."""
     import mlx.core as mx
 
-    processor, logits, seconds = constraint.make_processor(tokenizer), mx.zeros((1, vocab)), []
+    from pool.engines.grammar import make_processor
+
+    processor, logits, seconds = make_processor(constraint.grammar, tokenizer), mx.zeros((1, vocab)), []
     for n in range(len(output) + 1):
         tokens = mx.array(prompt + output[:n])
         mx.eval(tokens, logits)
@@ -63,24 +65,25 @@ def main():
     p.add_argument("--runs", type=int, default=3)
     args = p.parse_args()
 
-    import pool.blas  # noqa: F401  the BLAS preload, before MLX
-
     import mlx.core as mx
-    from pool.engines.constraints import json_schema
+
+    import pool.blas  # noqa: F401  the BLAS preload, before MLX
+    from pool.engines.grammar import make_processor
     from pool.engines.loading import load_weights
+    from pool.serving.constraints import json_schema
 
     model, tokenizer, _ = load_weights(args.model or demo_model())
     prompt = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True)
     constraint = json_schema(SCHEMA)
     started = time.perf_counter()
-    constraint.make_processor(tokenizer)      # the tokenizer's tables, once per tokenizer
+    make_processor(constraint.grammar, tokenizer)      # the tokenizer's tables, once per tokenizer
     print(f"tokenizer tables: {time.perf_counter() - started:.2f} s (once per model)")
     decode_run(model, prompt, 8, [])          # warm-up
 
     free, bound = [], []
     for _ in range(args.runs):
         free.append(decode_run(model, prompt, args.tokens, [])[0])
-        speed, output = decode_run(model, prompt, args.tokens, [constraint.make_processor(tokenizer)])
+        speed, output = decode_run(model, prompt, args.tokens, [make_processor(constraint.grammar, tokenizer)])
         bound.append(speed)
     vocab = model(mx.array([prompt[:1]])).shape[-1]
     masks = mask_seconds(constraint, tokenizer, prompt, output, vocab)

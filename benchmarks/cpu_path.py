@@ -24,11 +24,10 @@ TEXT = ("The lighthouse keeper climbed the spiral stairs each evening, counting 
 
 
 def worker(model_dir: str, prompt_tokens: int, tokens: int) -> dict:
-    import pool.blas   # the preload, before MLX
-
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
+    import pool.blas  # the preload, before MLX
     from pool.engines.loading import load_weights
 
     a = mx.random.normal((1024, 1024))

@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from _models import demo_model, fixture
 from _servers import StreamReply, gaps, numbered_prompt, percentile, start_omlx
 

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from _models import fixture
 from _servers import start_omlx
 

@@ -12,7 +12,6 @@ import statistics
 from pathlib import Path
 
 import httpx
-
 from _models import demo_model
 from _servers import start_omlx
 

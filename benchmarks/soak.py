@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from _models import CACHE, fixture
 from _servers import Running, start_omlx
 from soak_checks import EndState, Sample, failures, sample, summarize, table

@@ -10,9 +10,8 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from _servers import percentile
+from prometheus_client.parser import text_string_to_metric_families
 from soak_kinds import BAD_ANSWER, CUT, DISCONNECTED, DROPPED, OK, STREAM_ERROR, TIMEOUT, Result
 
 MB = 10**6

@@ -5,8 +5,9 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omlx_site.settings")
 
-import pool.blas  # noqa: E402,F401 - importing pool loads an optimized BLAS before anything imports MLX
 from django.core.asgi import get_asgi_application  # noqa: E402
+
+import pool.blas  # noqa: E402,F401 - importing pool loads an optimized BLAS before anything imports MLX
 
 django_asgi_app = get_asgi_application()
 

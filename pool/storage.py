@@ -30,7 +30,7 @@ from typing import Callable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from .errors import DatabaseBusy, PoolError, Busy, StorageUnavailable
+from .errors import Busy, DatabaseBusy, PoolError, StorageUnavailable
 
 log = logging.getLogger(__name__)
 

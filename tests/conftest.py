@@ -90,6 +90,17 @@ def migrated_db(session_dir) -> Path:
     return home / "omlx.sqlite3"
 
 
+def as_the_pool_loads(path: Path):
+    """The LoadOptions the pool would give an engine for this folder (whether it is dequantized on
+    the CPU backend, OMLX_CPU_DEQUANTIZE), for tests that make an engine or load weights themselves."""
+    from pool.conf import get_settings
+    from pool.host.engine_options import load_options_for
+    from pool.memory import make_probe
+
+    conf = get_settings()
+    return load_options_for(conf, Path(path), make_probe(conf).read().capacity)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -5,14 +5,22 @@ enforcer can be tested in-process in milliseconds. The real-model end-to-end tes
 from __future__ import annotations
 
 import asyncio
-import threading
 import json
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pool.engines.protocol import (CacheStats, Chunk, LoadAborted, LoadResult, ReleaseResult, RequestAborted,
-                                   SamplingParams)
+from pool.engines.protocol import (
+    CacheStats,
+    Chunk,
+    LoadAborted,
+    LoadResult,
+    ReleaseResult,
+    RequestAborted,
+    SamplingParams,
+)
+from pool.kinds import GENERATE
 from pool.memory import MemoryReading
 
 MODEL_INFO = {"layers": 2, "kv_heads": 1, "head_dim": 4, "bytes_per_element": 2, "context_length": 256}
@@ -169,7 +177,8 @@ class Spec:
 
 
 class FakeEngines:
-    """The pool's engine_maker: `FakeEngines(memory, b=Spec(load_seconds=0.2))`. Counts loads."""
+    """The pool's engine_maker: `FakeEngines(memory, b=Spec(load_seconds=0.2))`. Counts loads. Chat
+    models get a FakeEngine; an embedding model (a real folder, MiniLM) its real engine."""
 
     def __init__(self, memory: Memory, **specs: Spec):
         self.memory = memory
@@ -184,7 +193,9 @@ class FakeEngines:
     def memory_bytes(self, model_id: str, path: Path) -> int:
         return json.loads((path / "config.json").read_text()).get("fake_bytes", 0)
 
-    def __call__(self, kind, model_id: str, path: Path, **options) -> FakeEngine:
+    def __call__(self, kind, model_id: str, path: Path, **options):
+        if kind.protocol != GENERATE:
+            return kind.make_engine(model_id, path, **options)
         engine = FakeEngine(model_id, path, self, **options)
         self.engines[model_id] = engine
         return engine

@@ -14,8 +14,7 @@ from tests.conftest import DEMO, ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from soak_checks import (EndState, Sample, Summary, all_loaded_once, bad_5xx, failures,  # noqa: E402
-                         hard_overrun_ticks, summarize)
+from soak_checks import EndState, Sample, Summary, all_loaded_once, bad_5xx, failures, hard_overrun_ticks, summarize  # noqa: E402
 from soak_kinds import DROPPED, ERROR, OK, STREAM_ERROR, TIMEOUT, Result  # noqa: E402
 
 MB = 10**6

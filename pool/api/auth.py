@@ -17,8 +17,8 @@ from django.conf import settings
 
 from ..api_key import given_keys, key_valid  # noqa: F401 - given_keys: part of this module's interface
 from ..conf import get_settings
-from .errors import Forbidden, Unauthorized
 from ..network import is_loopback
+from .errors import Forbidden, Unauthorized
 
 HOW = "send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS", "TRACE")

@@ -10,8 +10,18 @@ from dataclasses import dataclass
 
 from django.http import JsonResponse
 
-from ..errors import (Busy, EngineFailure, InsufficientMemory, InvalidRequest, LoadAborted, ModelBusy,
-                      ModelNotFound, ModelUnavailable, PoolError, StorageUnavailable)
+from ..errors import (
+    Busy,
+    EngineFailure,
+    InsufficientMemory,
+    InvalidRequest,
+    LoadAborted,
+    ModelBusy,
+    ModelNotFound,
+    ModelUnavailable,
+    PoolError,
+    StorageUnavailable,
+)
 from .dialects import ANTHROPIC, OPENAI, Dialect
 
 log = logging.getLogger("pool.api")

@@ -18,8 +18,8 @@ import numpy as np
 
 from .bert import Pooling, open_bert, pool_states, read_pooling
 from .loading import fill_weights
-from .protocol import EngineError, LoadAborted, LoadOptions, LoadResult, RequestAborted
 from .mailbox import Command
+from .protocol import EngineError, LoadAborted, LoadOptions, LoadResult, RequestAborted
 from .worker import EngineWorker, unloaded
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ import asyncio
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .stops import find_stop, holdback, stop_found
 from .protocol import Chunk, SamplingParams, TokenLogprob
+from .stops import find_stop, holdback, stop_found
 
 
 @dataclass(eq=False)     # a dict key by identity

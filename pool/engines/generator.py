@@ -27,8 +27,18 @@ from .lanes import BatchLane, SoloLane, new_cache, prefill_chunk
 from .loading import fill_weights, model_info, open_model
 from .processors import TokenText, logits_processors, token_logprob
 from .prompt_cache import PromptCache, make_prompt_cache_store
-from .protocol import (CacheStats, Chunk, EngineError, KVConfig, LoadAborted, LoadOptions, LoadResult,
-                       PromptCacheOptions, RequestAborted, SamplingParams)
+from .protocol import (
+    CacheStats,
+    Chunk,
+    EngineError,
+    KVConfig,
+    LoadAborted,
+    LoadOptions,
+    LoadResult,
+    PromptCacheOptions,
+    RequestAborted,
+    SamplingParams,
+)
 from .shared_prefill import SharedPrefill
 from .worker import EngineWorker, unloaded
 

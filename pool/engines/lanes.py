@@ -18,8 +18,8 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generate_step, generation_stream
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache, trim_prompt_cache
 
-from .single_sequence import SingleSequence, Pending, can_run_single, with_history
 from .protocol import KVConfig
+from .single_sequence import Pending, SingleSequence, can_run_single, with_history
 
 SIMILAR_TOKENS = 64        # prompts up to this long always enter together (padding them costs little)
 ROTATING_KEEP = 4          # tokens a rotating cache always keeps at the start (mlx-lm's default)

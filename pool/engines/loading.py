@@ -18,7 +18,6 @@ from mlx_lm.utils import load_model, load_tokenizer
 from .dequantize import dequantize_for_cpu
 from .memory_release import ACCOUNTING
 
-
 DEFAULT_GROUP_BYTES = 64 * 2**20
 
 

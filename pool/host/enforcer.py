@@ -17,8 +17,16 @@ import time
 from dataclasses import replace
 
 from ..memory import memory_lines
-from ..policy.pressure import (ACTIVE_POLL_SECONDS, EMPTY_POLL_SECONDS, Lines, Readings, TickDecision, classify,
-                               decide, poll_interval)
+from ..policy.pressure import (
+    ACTIVE_POLL_SECONDS,
+    EMPTY_POLL_SECONDS,
+    Lines,
+    Readings,
+    TickDecision,
+    classify,
+    decide,
+    poll_interval,
+)
 from ..policy.units import format_bytes
 from ..policy.vocabulary import ActionKind, Change, Level, ModelState, Reason
 from ..serving.gate import RequestGate

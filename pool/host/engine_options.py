@@ -4,10 +4,11 @@ settings of its own."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 from ..backend import cpu_backend
-from ..discovery import ModelFolder
+from ..discovery import ModelFolder, dense_size, weights_size
 from ..engines.protocol import LoadOptions, PromptCacheOptions
 from ..policy.dequantize import dequantize_budget, should_dequantize
 from ..policy.load_plan import auto_model_budget
@@ -21,6 +22,13 @@ def wants_dequantize(conf, folder: ModelFolder, capacity: int) -> bool:
         return False
     budget = dequantize_budget(conf.max_model_memory, capacity)
     return should_dequantize(mode, cpu_backend=True, dense_bytes=folder.dense_bytes, budget=budget)
+
+
+def load_options_for(conf, path: Path, capacity: int) -> LoadOptions:
+    """What the pool decides for the model folder at `path`, for code that makes an engine or loads
+    weights itself (benchmarks, tests)."""
+    folder = ModelFolder(path.name, path, weights_size(path), dense_size(path))
+    return LoadOptions(group_bytes=conf.load_group_bytes, dequantize=wants_dequantize(conf, folder, capacity))
 
 
 def prompt_cache_cap(conf, budget: int | None, capacity: int) -> int:

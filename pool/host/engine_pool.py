@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from ..discovery import discover
-from ..engines.protocol import CacheStats, LoadAborted as EngineLoadAborted, LoadResult
-from ..errors import (Busy, InsufficientMemory, LoadAborted, ModelBusy, ModelNotFound, ModelTooLarge,
-                      ModelUnavailable)
+from ..engines.protocol import CacheStats, LoadResult
+from ..engines.protocol import LoadAborted as EngineLoadAborted
+from ..errors import Busy, InsufficientMemory, LoadAborted, ModelBusy, ModelNotFound, ModelTooLarge, ModelUnavailable
 from ..events import EventLog
 from ..kinds import GENERATE, Kind
 from ..memory import MemoryReading

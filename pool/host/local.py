@@ -15,8 +15,8 @@ from ..policy.load_plan import LoadPlan
 from ..serving import completion, embedding
 from ..serving.door import Door
 from ..serving.gate import RequestGate
-from .engine_pool import EngineMaker, EnginePool, make_engine
 from .enforcer import MemoryEnforcer
+from .engine_pool import EngineMaker, EnginePool, make_engine
 from .entries import Entry
 from .pressure_actions import PressureActions
 from .snapshot import build as build_snapshot

@@ -9,7 +9,6 @@ from ..policy.idle import ttl_remaining
 from ..policy.load_plan import ModelView, lru_ranks
 from ..policy.vocabulary import ModelState
 
-
 CACHE_FIELDS = ("kv_bytes", "prompt_cache_bytes", "prompt_cache_entries", "prompt_cache_cap_bytes")
 COUNTER_FIELDS = {"prompt_cache_hits": "hits", "prompt_cache_misses": "misses", "prompt_tokens_saved": "tokens_saved",
                   "prompt_cache_disk_bytes": "disk_bytes", "prompt_cache_disk_entries": "disk_entries",

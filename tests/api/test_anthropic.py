@@ -13,8 +13,19 @@ from pool.api.anthropic_events import EventStream, Text, ToolUse
 from pool.api.anthropic_parse import chat_messages, parse_count_tokens, parse_messages, tool_fields
 from pool.api.auth import given_keys
 from pool.api.errors import ANTHROPIC, OPENAI, envelope, error_response, sse_error, status, style_for_path
-from pool.errors import (InvalidRequest, EngineFailure, Forbidden, InsufficientMemory, MethodNotAllowed, ModelBusy,
-                         ModelNotFound, ModelQueueFull, PoolError, Busy, Unauthorized)
+from pool.errors import (
+    Busy,
+    EngineFailure,
+    Forbidden,
+    InsufficientMemory,
+    InvalidRequest,
+    MethodNotAllowed,
+    ModelBusy,
+    ModelNotFound,
+    ModelQueueFull,
+    PoolError,
+    Unauthorized,
+)
 from tests.conftest import DEMO
 
 KEY = "test-key-123"

@@ -12,10 +12,8 @@ from django.contrib.auth.models import AnonymousUser
 from django.test import AsyncClient, RequestFactory
 
 from dashboard import views
-
 from pool import services
 from pool.models import EvictionEvent
-
 from tests.dashboard.conftest import OTHER, SMALL
 
 

@@ -106,8 +106,9 @@ def make_folder(root: Path, name: str, size: int = 0) -> Path:
 def demo(demo_model_dir):
     """The demo model loaded in-process, once per module: (model, tokenizer)."""
     from pool.engines.loading import load_weights
+    from tests.conftest import as_the_pool_loads
 
-    model, tokenizer, _ = load_weights(demo_model_dir)
+    model, tokenizer, _ = load_weights(demo_model_dir, dequantize=as_the_pool_loads(demo_model_dir).dequantize)
     return model, tokenizer
 
 

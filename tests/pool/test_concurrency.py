@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
-from pool.serving.slots import ModelSlots
-from pool.errors import InvalidRequest, ModelQueueFull, Busy
+from pool.errors import Busy, InvalidRequest, ModelQueueFull
 from pool.metrics import Metrics
 from pool.serving.completion import CompletionSpec
+from pool.serving.slots import ModelSlots
 from tests.fakes import Core, Spec, model_folders
 
 MB = 10**6

@@ -17,8 +17,16 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.tool_parsers import json_tools
 
-from pool.engines.constraints import (TOOL_CALL_END, TOOL_CALL_START, UnsupportedSchema, json_object, json_schema,
-                                      sync_plan, tool_calls, unsupported_feature)
+from pool.engines.grammar import make_processor, sync_plan
+from pool.serving.constraints import (
+    TOOL_CALL_END,
+    TOOL_CALL_START,
+    UnsupportedSchema,
+    json_object,
+    json_schema,
+    tool_calls,
+    unsupported_feature,
+)
 
 MAX_TOKENS = 160
 SAMPLED = {"temp": 0.9, "top_p": 0.95}
@@ -137,7 +145,7 @@ def schema_outputs(demo):
     model, tokenizer = demo
     mx.random.seed(7)
     cases = [(name, mode) for name in SCHEMAS for mode in ("greedy", "sampled")]
-    requests = [(chat(tokenizer, SCHEMAS[name][1]), [json_schema(SCHEMAS[name][0], True).make_processor(tokenizer)],
+    requests = [(chat(tokenizer, SCHEMAS[name][1]), [make_processor(json_schema(SCHEMAS[name][0], True).grammar, tokenizer)],
                  make_sampler(**(SAMPLED if mode == "sampled" else {"temp": 0.0}))) for name, mode in cases]
     outputs = batched(model, tokenizer, requests)
     return {case: tokenizer.decode(tokens) for case, tokens in zip(cases, outputs)}
@@ -152,11 +160,11 @@ def test_output_validates_against_its_schema(schema_outputs, name, mode):
 def test_json_object_gives_an_object_on_both_paths(demo):
     model, tokenizer = demo
     prompt = chat(tokenizer, 'What is the capital of France? Reply in JSON with the key "capital".')
-    processor = json_object().make_processor(tokenizer)
+    processor = make_processor(json_object().grammar, tokenizer)
     lone = alone(model, tokenizer, prompt, [processor], max_tokens=60)
     assert isinstance(json.loads(tokenizer.decode(lone)), dict)
     assert processor.consumed == lone and not processor.failed
-    (in_batch,) = batched(model, tokenizer, [(prompt, [json_object().make_processor(tokenizer)], make_sampler(temp=0.0))],
+    (in_batch,) = batched(model, tokenizer, [(prompt, [make_processor(json_object().grammar, tokenizer)], make_sampler(temp=0.0))],
                           max_tokens=60)
     assert in_batch == lone
 
@@ -183,7 +191,7 @@ def check_call(call: dict, tools: list[dict]) -> None:
 def test_tool_calls_parse_with_mlx_lm_and_arguments_validate(demo, question, tools, name, parallel, expected_name):
     model, tokenizer = demo
     constraint = tool_calls(tools, name, parallel, max_calls=2)
-    text = tokenizer.decode(alone(model, tokenizer, chat(tokenizer, question), [constraint.make_processor(tokenizer)],
+    text = tokenizer.decode(alone(model, tokenizer, chat(tokenizer, question), [make_processor(constraint.grammar, tokenizer)],
                                   max_tokens=120))
     calls = calls_in(text)
     assert 1 <= len(calls) <= (2 if parallel else 1)
@@ -204,7 +212,7 @@ def test_parallel_calls_stop_at_the_cap(demo, parallel, max_calls, calls_written
     one = f'{TOOL_CALL_START}\n{{"name": "get_weather", "arguments": {{"city": "Oslo", "unit": "celsius"}}}}\n{TOOL_CALL_END}'
     written = list(tokenizer.encode("\n".join([one] * calls_written), add_special_tokens=False))
     prompt = chat(tokenizer, "weather")
-    processor = tool_calls([WEATHER], None, parallel, max_calls=max_calls).make_processor(tokenizer)
+    processor = make_processor(tool_calls([WEATHER], None, parallel, max_calls=max_calls).grammar, tokenizer)
     logits = mx.zeros((1, len(tokenizer._tokenizer)))
     processor(mx.array(prompt), logits)
     next_allowed = set(np.flatnonzero(allowed(processor(mx.array(prompt + written), logits))).tolist())
@@ -220,7 +228,7 @@ def test_constrained_and_unconstrained_share_a_batch(demo):
     free_prompt = chat(tokenizer, "Write one sentence about the sea.")
     greedy = make_sampler(temp=0.0)
     constrained, free = batched(model, tokenizer, [
-        (constrained_prompt, [json_schema(schema).make_processor(tokenizer)], greedy), (free_prompt, [], greedy)],
+        (constrained_prompt, [make_processor(json_schema(schema).grammar, tokenizer)], greedy), (free_prompt, [], greedy)],
         max_tokens=40)
     valid(schema, tokenizer.decode(constrained))
     assert free == alone(model, tokenizer, free_prompt, [], max_tokens=40)
@@ -233,9 +241,9 @@ def test_a_request_moved_from_generate_step_to_the_batch_continues_its_grammar(d
     model, tokenizer = demo
     schema, question = SCHEMAS["nested_enum_bounds"]
     prompt, constraint = chat(tokenizer, question), json_schema(schema)
-    unmoved = alone(model, tokenizer, prompt, [constraint.make_processor(tokenizer)])
+    unmoved = alone(model, tokenizer, prompt, [make_processor(constraint.grammar, tokenizer)])
 
-    processor, cache, first = constraint.make_processor(tokenizer), make_prompt_cache(model), []
+    processor, cache, first = make_processor(constraint.grammar, tokenizer), make_prompt_cache(model), []
     steps = generate_step(mx.array(prompt), model, max_tokens=MAX_TOKENS, sampler=make_sampler(temp=0.0),
                           prompt_cache=cache, logits_processors=[processor])
     for token, _ in steps:
@@ -303,10 +311,10 @@ def test_the_processor_follows_the_token_list_it_is_given(demo, person_tokens, c
     prompt = chat(tokenizer, "a person")
     vocab = len(tokenizer._tokenizer)
     logits = mx.zeros((1, vocab))
-    processor = json_schema(PERSON).make_processor(tokenizer)
+    processor = make_processor(json_schema(PERSON).grammar, tokenizer)
     for spec in calls:
         out = processor(mx.array(prompt + tokens_of(spec)), logits)
-    expected_processor = json_schema(PERSON).make_processor(tokenizer)
+    expected_processor = make_processor(json_schema(PERSON).grammar, tokenizer)
     expected_processor(mx.array(prompt), logits)
     expected = expected_processor(mx.array(prompt + tokens_of(final)), logits)
     assert processor.consumed == tokens_of(final) and not processor.failed
@@ -318,7 +326,7 @@ def test_the_processor_follows_the_token_list_it_is_given(demo, person_tokens, c
 def test_a_token_the_grammar_refuses_leaves_only_eos(demo):
     _, tokenizer = demo
     prompt = chat(tokenizer, "a person")
-    processor = json_schema(PERSON).make_processor(tokenizer)
+    processor = make_processor(json_schema(PERSON).grammar, tokenizer)
     logits = mx.zeros((1, len(tokenizer._tokenizer)))
     processor(mx.array(prompt), logits)
     out = processor(mx.array(prompt + list(tokenizer.encode("hello", add_special_tokens=False))), logits)
@@ -332,10 +340,10 @@ def test_logits_wider_or_narrower_than_the_vocabulary(demo, person_tokens, extra
     _, tokenizer = demo
     vocab = len(tokenizer._tokenizer)
     prompt, written = chat(tokenizer, "a person"), person_tokens["al"][:3]
-    reference = json_schema(PERSON).make_processor(tokenizer)
+    reference = make_processor(json_schema(PERSON).grammar, tokenizer)
     reference(mx.array(prompt), mx.zeros((1, vocab)))
     expected = allowed(reference(mx.array(prompt + written), mx.zeros((1, vocab))))
-    processor = json_schema(PERSON).make_processor(tokenizer)
+    processor = make_processor(json_schema(PERSON).grammar, tokenizer)
     processor(mx.array(prompt), mx.zeros((1, vocab + extra)))
     out = allowed(processor(mx.array(prompt + written), mx.zeros((1, vocab + extra))))
     assert out.shape == (vocab + extra,) and expected.any()
@@ -349,7 +357,7 @@ def test_the_processor_runs_on_a_thread_other_than_the_importing_one(demo):
 
     def engine_thread():
         try:
-            processor = json_schema(PERSON).make_processor(tokenizer)
+            processor = make_processor(json_schema(PERSON).grammar, tokenizer)
             processor(mx.array(prompt), mx.zeros((1, 8)))
             vocab = len(tokenizer._tokenizer)
             result["allowed"] = np.flatnonzero(allowed(processor(mx.array(prompt), mx.zeros((1, vocab))))).tolist()

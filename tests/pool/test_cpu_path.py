@@ -14,7 +14,7 @@ import pool.blas
 from pool.blas import cpu_backend
 from pool.conf import ImproperlyConfigured, get_settings, read_setting, reload_settings
 from pool.discovery import dense_size, discover, weights_size
-from tests.conftest import DEMO, ROOT
+from tests.conftest import DEMO, ROOT, as_the_pool_loads
 from tests.fakes import FakeProbe, Memory
 
 needs_cpu = pytest.mark.skipif(not cpu_backend(), reason="the CPU backend only")
@@ -115,7 +115,7 @@ def pool_over(models: Path, **values):
     from pool.host.engine_pool import EnginePool
 
     conf = get_settings().with_values(model_dirs=(models,), **values)
-    engines = EnginePool(conf, FakeProbe(Memory(total=24 * 2**30)), engine_factory=None)
+    engines = EnginePool(conf, FakeProbe(Memory(total=24 * 2**30)))
     engines.rediscover()
     return engines.entries[DEMO].size_bytes
 
@@ -157,7 +157,7 @@ def load(path: Path, mode: str):
     os.environ["OMLX_CPU_DEQUANTIZE"] = mode
     try:
         reload_settings()
-        return load_weights(path)
+        return load_weights(path, dequantize=as_the_pool_loads(path).dequantize)
     finally:
         if old is None:
             os.environ.pop("OMLX_CPU_DEQUANTIZE")
@@ -221,8 +221,7 @@ def test_float16_scales_still_give_float32(monkeypatch):
     nn.quantize(model, group_size=32, bits=4)
     tokens = mx.array([[1, 2, 3, 4]])
     expected = model(tokens).astype(mx.float32)
-    monkeypatch.setattr(dequantize, "wanted", lambda path: True)
-    model, config = dequantize.dequantize_for_cpu(model, {"torch_dtype": "float16"}, Path("unused"))
+    model, config = dequantize.dequantize_for_cpu(model, {"torch_dtype": "float16"})
     assert config == {"torch_dtype": "float32", "dequantized": True}
     assert {p.dtype for _, p in tree_flatten(model.parameters())} == {mx.float32}
     assert mx.allclose(model(tokens), expected, atol=0.05).item()

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pool.discovery import CHAT, EMBEDDINGS, discover, model_kind
+from pool.discovery import discover
+from pool.errors import InsufficientMemory, InvalidRequest, WrongKind
+from pool.kinds import CHAT, EMBEDDINGS, folder_kind
 from pool.serving.embedding import EmbeddingSpec, check_dimensions, check_tokens
-from pool.errors import InvalidRequest, InsufficientMemory
 from tests.fakes import Core, model_folders
 
 MB = 10**6
@@ -50,8 +51,11 @@ def run_embed(engine_and_loop, inputs) -> np.ndarray:
     ({"model_type": "xlm-roberta"}, False, EMBEDDINGS),
     ({}, False, CHAT),
 ])
-def test_model_kind(config, st, kind):
-    assert model_kind(config, sentence_transformers=st) == kind
+def test_model_kind(tmp_path, config, st, kind):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    if st:
+        (tmp_path / "modules.json").write_text("[]")
+    assert folder_kind(tmp_path) == kind
 
 
 @pytest.mark.parametrize("lengths, budget, batches", [
@@ -278,12 +282,13 @@ async def test_concurrent_requests_queue_on_the_engine_thread_and_get_their_own_
 
 async def test_each_kind_of_route_refuses_the_other_kind_before_loading(core):
     try:
-        with pytest.raises(InvalidRequest, match="is an embedding model: it serves /v1/embeddings") as e:
+        with pytest.raises(WrongKind) as e:
             await core.complete(MINILM)
-        assert e.value.param == "model" and e.value.code == "model_kind_mismatch"
-        with pytest.raises(InvalidRequest, match=f"'a' is a chat model.*available: {MINILM}") as e:
+        assert (e.value.param, e.value.code, e.value.kind, e.value.wanted) == ("model", "model_kind_mismatch",
+                                                                             "embeddings", "chat")
+        with pytest.raises(WrongKind) as e:
             await core.router.embed(EmbeddingSpec(model="a", inputs=("x",)))
-        assert e.value.param == "model"
+        assert (e.value.param, e.value.kind, e.value.alternatives) == ("model", "chat", [MINILM])
         assert set(core.states().values()) == {"unloaded"} and core.pool.entries[MINILM].leases == 0
     finally:
         await core.pool.shutdown()

@@ -8,8 +8,7 @@ import contextlib
 import pytest
 
 from pool.api.errors import status_of
-
-from pool.errors import InvalidRequest, Busy
+from pool.errors import Busy, InvalidRequest
 from pool.serving.completion import CompletionSpec
 from tests.fakes import Core, Spec, model_folders
 

@@ -5,12 +5,12 @@ import asyncio
 
 import pytest
 
-from pool.engines.generator import Engine
+from pool.engines.generator import TextEngine
 from pool.engines.protocol import RequestAborted, SamplingParams
 
 
 async def test_commands_queued_behind_the_stop_and_sent_after_it_are_errors(make_model):
-    engine = Engine("tiny", make_model("pool-a", 30, seed=0))
+    engine = TextEngine("tiny", make_model("pool-a", 30, seed=0))
     await engine.load()
     stop = asyncio.ensure_future(engine.stop())
     await asyncio.sleep(0)                    # the stop is queued first

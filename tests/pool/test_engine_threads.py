@@ -8,9 +8,9 @@ import threading
 import mlx.core as mx
 
 from pool.engines.encoder import EmbeddingEngine
-from pool.engines.generator import Engine
-from pool.engines.threads import EngineThreads
+from pool.engines.generator import TextEngine
 from pool.engines.protocol import SamplingParams
+from pool.engines.threads import EngineThreads
 
 
 def native_threads() -> int:
@@ -72,7 +72,7 @@ async def test_loading_and_unloading_real_engines_adds_no_threads(make_model, mi
     folder = make_model("pool-a", 30, seed=0)
 
     async def cycle():
-        engine = Engine("tiny", folder)
+        engine = TextEngine("tiny", folder)
         await engine.load()
         async for _ in engine.generate([1, 2, 3], SamplingParams(max_tokens=2)):
             pass

@@ -12,13 +12,14 @@ from mlx_lm.sample_utils import make_sampler
 from pool.engines.lanes import BatchLane, SoloLane
 from pool.engines.loading import load_weights
 from pool.policy.kv import KVConfig
+from tests.conftest import as_the_pool_loads
 
 DEMO = "smollm2-135m-instruct"
 
 
 @pytest.fixture(scope="module")
 def demo(demo_model_dir):
-    model, tokenizer, _ = load_weights(demo_model_dir)
+    model, tokenizer, _ = load_weights(demo_model_dir, dequantize=as_the_pool_loads(demo_model_dir).dequantize)
     return model, tokenizer, [[t] for t in sorted(tokenizer.eos_token_ids)]
 
 

@@ -108,8 +108,8 @@ def test_chunks_that_piled_up_are_joined_and_the_last_and_errors_stay_in_order()
     ([1, 300], [], [1]),                   # a request handed over from the single path, and a long one
 ])
 def test_prompts_enter_the_batch_shortest_first(incoming, unstarted, enter):
-    from pool.engines.single_sequence import Pending
     from pool.engines.lanes import shortest_first
+    from pool.engines.single_sequence import Pending
 
     pendings = [Pending(i, [0] * n, None, [], 8, None) for i, n in enumerate(incoming)]
     now, later = shortest_first(pendings, unstarted)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pool.errors import InsufficientMemory, ModelNotFound, ModelTooLarge, ModelUnavailable, Busy
+from pool.errors import Busy, InsufficientMemory, ModelNotFound, ModelTooLarge, ModelUnavailable
 from pool.policy.vocabulary import Reason
 from pool.serving.completion import CompletionSpec
 from tests.fakes import Core, Spec, model_folders

@@ -12,22 +12,29 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 
-from pool.engines.shared_prefill import SharedPrefill
-from pool.engines.generator import Engine
+from pool.engines import processors
+from pool.engines.generation_request import coalesced
+from pool.engines.generator import TextEngine
 from pool.engines.lanes import BatchLane, SoloLane, new_cache
 from pool.engines.processors import TokenText, logits_processors, over_completion, token_logprob
-from pool.engines.generation_request import coalesced
 from pool.engines.protocol import Chunk, EngineError, SamplingParams, TokenLogprob
+from pool.engines.shared_prefill import SharedPrefill
 from pool.policy.kv import KVConfig
+from tests.conftest import as_the_pool_loads
 from tests.pool.conftest import prompt
 
 
 class Forbid:
-    """A constraint in the shape pool/engines/constraints.py gives: a processor per request. This one
-    forbids a token, and notes the length of every token list it is shown."""
+    """A constraint whose processor (one per request) forbids a token and notes the length of every
+    token list it is shown. It stands for a grammar: the engine's processors make its processor
+    (the `forbid_as_grammar` fixture)."""
 
     def __init__(self, token: int):
         self.token, self.seen = token, []
+
+    @property
+    def grammar(self) -> "Forbid":
+        return self
 
     def make_processor(self, tokenizer):
         seen = []
@@ -37,6 +44,14 @@ class Forbid:
             seen.append(len(tokens))
             return logits.at[:, self.token].add(-math.inf)
         return processor
+
+
+@pytest.fixture(autouse=True)
+def forbid_as_grammar(monkeypatch):
+    real = processors.make_processor
+    monkeypatch.setattr(processors, "make_processor",
+                        lambda grammar, tokenizer: grammar.make_processor(tokenizer) if isinstance(grammar, Forbid)
+                        else real(grammar, tokenizer))
 
 
 def reference(model, tokenizer, tokens, params) -> list[int]:
@@ -198,7 +213,7 @@ def test_choices_share_one_read_of_their_prompt(demo):
 
 
 async def test_the_engine_streams_n_choices_with_logprobs_and_forgets_a_closed_request(demo_model_dir):
-    engine = Engine("demo", demo_model_dir)
+    engine = TextEngine("demo", demo_model_dir, load=as_the_pool_loads(demo_model_dir))
     await engine.load()
     try:
         tokens = engine.encode_chat([{"role": "user", "content": "What is the capital of France?"}])

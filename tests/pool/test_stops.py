@@ -7,8 +7,8 @@ import pytest
 from mlx_lm.utils import load_tokenizer
 
 from pool.engines.generation_request import Request
-from pool.engines.stops import find_stop, stop_found
 from pool.engines.protocol import SamplingParams
+from pool.engines.stops import find_stop, stop_found
 
 
 @pytest.mark.parametrize("text, stops, found", [

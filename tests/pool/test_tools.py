@@ -13,10 +13,21 @@ from mlx_lm.utils import load_tokenizer
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
+from pool.api.errors import status_of
 from pool.errors import InvalidRequest
-from pool.tools import (FALLBACK, ToolCall, ToolRequest, ToolStream, fallback_call_text, finish_reason,
-                        parse_tool_request, prepare_messages, request_format, split_tool_calls,
-                        tool_format)
+from pool.tools import (
+    FALLBACK,
+    ToolCall,
+    ToolRequest,
+    ToolStream,
+    fallback_call_text,
+    finish_reason,
+    parse_tool_request,
+    prepare_messages,
+    request_format,
+    split_tool_calls,
+    tool_format,
+)
 from pool.tools.formats import _from_parser_module
 
 # Qwen2.5-Instruct's chat template (tools in the system turn, calls as <tool_call>{json}</tool_call>)
@@ -245,7 +256,7 @@ def test_parse_tool_request_accepts(body, tools, choice, parallel):
 def test_parse_tool_request_names_the_field(body, param):
     with pytest.raises(InvalidRequest) as e:
         parse_tool_request(body)
-    assert e.value.param == param and e.value.status == 400
+    assert e.value.param == param and status_of(e.value) == 400
 
 
 @pytest.mark.parametrize("choice, shown, forces, name", [

@@ -16,13 +16,12 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import IntegrityError, transaction
 
+from pool.client import ServerRefused, call_server, server_url
 from pool.conf import get_settings
 from pool.discovery import discover
 from pool.errors import InvalidRequest
 from pool.models import ModelSettings
 from pool.services import OMLX_NAMES, SETTINGS_FIELDS, coerce_settings, invalid_settings, write_model_settings
-
-from pool.client import ServerRefused, call_server, server_url
 
 from .models import db_settings
 

@@ -11,9 +11,9 @@ from django.db import DatabaseError
 
 from pool.client import ServerRefused, call_server, server_url
 from pool.conf import get_settings
+from pool.database import DatabaseNotReady, ensure_schema
 from pool.discovery import discover
 from pool.models import ModelSettings
-from pool.database import DatabaseNotReady, ensure_schema
 from pool.policy.units import format_bytes
 from pool.policy.vocabulary import ModelState
 

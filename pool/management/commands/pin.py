@@ -11,13 +11,12 @@ from urllib.parse import quote
 
 from django.core.management.base import BaseCommand, CommandError
 
+from pool.client import ServerRefused, call_server, server_url
 from pool.conf import get_settings
 from pool.discovery import discover
 from pool.models import ModelSettings
 from pool.names import resolve_name
 from pool.services import write_model_settings
-
-from pool.client import ServerRefused, call_server, server_url
 
 from .models import db_settings
 

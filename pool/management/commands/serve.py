@@ -42,11 +42,10 @@ class Command(BaseCommand):
         conf = get_settings()
         sys.setswitchinterval(conf.switch_interval)
         from daphne.endpoints import build_endpoint_description_strings
-
-        from pool.management.server import GracefulStop, OmlxServer  # installs Twisted's asyncio reactor
         from twisted.internet import defer, reactor
 
         from omlx_site.asgi import application, in_flight
+        from pool.management.server import GracefulStop, OmlxServer  # installs Twisted's asyncio reactor
         from pool.runtime import get_runtime
 
         runtime = get_runtime()

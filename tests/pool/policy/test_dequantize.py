@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pool.policy.load_plan import auto_model_budget
 from pool.policy.dequantize import dequantize_budget, should_dequantize
+from pool.policy.load_plan import auto_model_budget
 
 from .tables import gib
 

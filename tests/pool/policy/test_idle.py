@@ -8,7 +8,6 @@ from pool.policy.idle import expired, merge_keep_alive, next_expiry_in, ttl_rema
 
 from .tables import model, unloaded
 
-
 # --- idle expiry ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize(

@@ -5,9 +5,20 @@ from __future__ import annotations
 
 import pytest
 
-from pool.policy.limits import (COMPLETION, PROMPT, ContextFit, anthropic_message, context_length, fit_context,
-                                max_prompt_chars, openai_message, prompt_chars, size_messages, stop_problem,
-                                too_many)
+from pool.policy.limits import (
+    COMPLETION,
+    PROMPT,
+    ContextFit,
+    anthropic_message,
+    context_length,
+    fit_context,
+    max_prompt_chars,
+    openai_message,
+    prompt_chars,
+    size_messages,
+    stop_problem,
+    too_many,
+)
 
 
 @pytest.mark.parametrize("model_context, fallback, expected", [

@@ -11,7 +11,6 @@ from pool.policy.vocabulary import Reason
 
 from .tables import gib, model, unloaded
 
-
 # --- LRU victims ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize(

@@ -5,8 +5,18 @@ from __future__ import annotations
 
 import pytest
 
-from pool.policy.pressure import (Action, Lines, Readings, auto_ceiling, classify, decide, guard_reserve,
-                                  poll_interval, prefill_verdict, pressure_lines)
+from pool.policy.pressure import (
+    Action,
+    Lines,
+    Readings,
+    auto_ceiling,
+    classify,
+    decide,
+    guard_reserve,
+    poll_interval,
+    prefill_verdict,
+    pressure_lines,
+)
 from pool.policy.units import GIB
 
 from .tables import gib, model
