@@ -53,7 +53,6 @@ async def measure(args, *, wake: bool) -> list[float]:
     from pool.host.local import LocalHost
     from pool.memory import RealProbe
     from pool.policy.pressure import pressure_lines
-    from pool.runtime import WAKES_ENFORCER
 
     folders = [fixture(f"bench-{n}", args.size_mb, seed=i) for i, n in enumerate("xyz")]
     with tempfile.TemporaryDirectory() as models_dir:
@@ -79,8 +78,6 @@ async def measure(args, *, wake: bool) -> list[float]:
             if not wake:
                 enforcer.wake = lambda: None
                 enforcer._next_interval = lambda: 1.0
-            listener = lambda change: change.kind in WAKES_ENFORCER and enforcer.wake()
-            pool.events.subscribe(listener)
             enforcer.start()
             await asyncio.sleep(0.2)
             before = len(pool.events.recent)
@@ -88,7 +85,6 @@ async def measure(args, *, wake: bool) -> list[float]:
             await asyncio.sleep(0.5)  # let the eviction's release finish and be recorded
             actions.extend(e["reason"] for e in list(pool.events.recent)[before:])
             await enforcer.stop()
-            pool.events.listeners.remove(listener)
             enforcer.conf = host.gate.conf = conf
             for name in ("wake", "_next_interval"):
                 enforcer.__dict__.pop(name, None)

@@ -6,14 +6,17 @@ and never sees a name."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ModelNotFound
 from .host.protocol import Host, ModelRecord
 from .kinds import Kind
 from .names import resolve_name
-from .serving.completion import Completion, CompletionSpec
-from .serving.embedding import Embeddings, EmbeddingSpec
+from .serving.specs import CompletionSpec, EmbeddingSpec
+
+if TYPE_CHECKING:
+    from .serving.completion import Completion
+    from .serving.embedding import Embeddings
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ class Router:
 
     # ---- requests --------------------------------------------------------------------------------
 
-    async def generate(self, spec: CompletionSpec) -> Completion:
+    async def generate(self, spec: CompletionSpec) -> "Completion":
         target = self.resolve(spec.model)
         return await target.host.generate(target.model_id, spec)
 
@@ -79,7 +82,7 @@ class Router:
         target = self.resolve(spec.model)
         return await target.host.count_tokens(target.model_id, spec)
 
-    async def embed(self, spec: EmbeddingSpec) -> Embeddings:
+    async def embed(self, spec: EmbeddingSpec) -> "Embeddings":
         target = self.resolve(spec.model)
         return await target.host.embed(target.model_id, spec)
 

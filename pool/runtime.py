@@ -14,9 +14,7 @@ import time
 from .conf import get_settings
 from .errors import ServerNotReady
 from .events import EventLog, PoolChange
-from .host.local import LocalHost
 from .memory import make_probe
-from .policy.vocabulary import Change
 from .router import Router
 
 log = logging.getLogger(__name__)
@@ -24,17 +22,13 @@ log = logging.getLogger(__name__)
 # A runtime that failed to start is tried again by a request at most this often.
 START_RETRY_SECONDS = 5.0
 
-# Pool changes that move memory: the enforcer looks at once. Not a request's start or end (its KV
-# growth wakes it, by steps), not its own ticks and events. A request's end moves the TTL clock:
-# the enforcer re-reads when the next idle model expires, without a tick.
-WAKES_ENFORCER = frozenset({Change.LOAD_START, Change.LOAD_END, Change.UNLOAD, Change.SETTINGS, Change.KV_GROWTH})
-RESCHEDULES_ENFORCER = frozenset({Change.REQUEST_END})
 
 
 class Runtime:
     def __init__(self):
         from . import storage
         from .broadcast import Broadcaster
+        from .host.local import LocalHost      # here, not at import: the routes import this module
         from .metrics import Metrics
         from .services import record_event
         from .telemetry import Telemetry
@@ -61,10 +55,6 @@ class Runtime:
         self._start_lock: asyncio.Lock | None = None
 
     def _on_pool_change(self, change: PoolChange) -> None:
-        if change.kind in WAKES_ENFORCER:
-            self.host.enforcer.wake()
-        elif change.kind in RESCHEDULES_ENFORCER:
-            self.host.enforcer.reschedule()
         self.broadcaster.schedule()
 
     def snapshot(self) -> dict:

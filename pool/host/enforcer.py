@@ -29,8 +29,8 @@ from ..policy.pressure import (
 )
 from ..policy.units import format_bytes
 from ..policy.vocabulary import ActionKind, Change, Level, ModelState, Reason
-from ..serving.gate import RequestGate
 from .engine_pool import EnginePool
+from .gate import RequestGate
 from .pressure_actions import PressureActions
 
 log = logging.getLogger(__name__)

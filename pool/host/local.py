@@ -8,18 +8,25 @@ import socket
 import time
 from typing import Any, Callable, Iterable
 
-from ..events import EventLog
+from ..events import EventLog, PoolChange
 from ..kinds import Kind
 from ..memory import MemoryReading
 from ..policy.load_plan import LoadPlan
+from ..policy.vocabulary import Change
 from ..serving import completion, embedding
 from ..serving.door import Door
-from ..serving.gate import RequestGate
 from .enforcer import MemoryEnforcer
 from .engine_pool import EngineMaker, EnginePool, make_engine
 from .entries import Entry
+from .gate import RequestGate
 from .pressure_actions import PressureActions
 from .snapshot import build as build_snapshot
+
+# Pool changes that move memory: the enforcer looks at once. Not a request's start or end (its KV
+# growth wakes it, by steps), not its own ticks and events. A request's end moves the TTL clock:
+# the enforcer re-reads when the next idle model expires, without a tick.
+WAKES_ENFORCER = frozenset({Change.LOAD_START, Change.LOAD_END, Change.UNLOAD, Change.SETTINGS, Change.KV_GROWTH})
+RESCHEDULES_ENFORCER = frozenset({Change.REQUEST_END})
 
 
 def default_host_id(port: int) -> str:
@@ -39,6 +46,13 @@ class LocalHost:
         self.door = Door(self.pool, self.gate)
         self.actions = PressureActions(self.pool)
         self.enforcer = MemoryEnforcer(self.pool, self.actions, probe, self.gate, telemetry=telemetry)
+        self.events.subscribe(self._on_change)
+
+    def _on_change(self, change: PoolChange) -> None:
+        if change.kind in WAKES_ENFORCER:
+            self.enforcer.wake()
+        elif change.kind in RESCHEDULES_ENFORCER:
+            self.enforcer.reschedule()
 
     # ---- the models ----------------------------------------------------------------------------
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from jinja2 import TemplateError
@@ -25,41 +24,16 @@ from ..host.entries import Entry
 from ..kinds import CHAT, model_card
 from ..policy import limits
 from ..policy.kv import KVConfig, KVFieldError, kv_config
-from ..tools import ToolFormat, ToolRequest, prepare_messages, request_format, tool_format
+from ..tools.calls import ToolCall
+from ..tools.formats import ToolFormat, request_format, tool_format
+from ..tools.prompt import prepare_messages
+from ..tools.request import ToolRequest
+from ..tools.stream import ToolStream, split_tool_calls
 from .constraints import UnsupportedSchema, tool_calls
 from .door import Door, engine_errors
+from .specs import CompletionSpec
 
 DEFAULT_MAX_TOKENS = 512
-
-
-@dataclass(frozen=True)
-class CompletionSpec:
-    """A parsed request: chat `messages` or a completion `prompt`. None = the model's default."""
-    model: str
-    messages: list[dict] | None = None
-    prompt: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    keep_alive: float | None = None
-    cache_prompt: bool = True
-    kv: dict = field(default_factory=dict)     # max_kv_size, kv_bits, ...: the request's own, if given
-    n: int = 1                                 # choices from the one prompt
-    logprobs: int | None = None                # None: off; k: each token's logprob and the top k
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float | None = None
-    constraint: Any = None                     # has make_processor(tokenizer): constrained decoding
-    tools: tuple[dict, ...] = ()               # OpenAI function tools, for the chat template
-    tool_choice: Any = None
-    parallel_tool_calls: bool = True
-
-    @property
-    def prompt_param(self) -> str:
-        return "messages" if self.messages is not None else "prompt"
 
 
 class Completion:
@@ -76,6 +50,21 @@ class Completion:
         self.tool_format = tool_format
         self.tool_request = tool_request
         self._engine, self._tokens, self._params, self._stack = engine, tokens, params, stack
+
+    def tool_stream(self) -> ToolStream | None:
+        """A parser of one choice's text into content and tool calls, when the answer is to be
+        parsed for calls; None otherwise."""
+        tools = self.tool_request
+        if self.tool_format is None or tools is None:
+            return None
+        return ToolStream(self.tool_format, tools=tools.tools, parallel=tools.parallel_tool_calls)
+
+    def split_tool_calls(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """A whole answer -> (content, calls); content None when the answer is only calls."""
+        tools = self.tool_request
+        if self.tool_format is None or tools is None:
+            return text, []
+        return split_tool_calls(text, self.tool_format, tools=tools.tools, parallel=tools.parallel_tool_calls)
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         with engine_errors():

@@ -16,9 +16,9 @@ from ..engines.protocol import EngineError, RequestAborted
 from ..errors import Busy, EngineFailure, ModelQueueFull, WrongKind
 from ..host.engine_pool import EnginePool
 from ..host.entries import Entry
+from ..host.gate import RequestGate
 from ..kinds import Kind
 from ..policy.vocabulary import Change, Rejection
-from .gate import RequestGate
 from .slots import ModelSlots
 
 

@@ -12,18 +12,7 @@ from typing import Any, Sequence
 from ..errors import InvalidRequest
 from ..kinds import EMBEDDINGS
 from .door import Door
-
-MAX_INPUTS = 2048          # inputs in one request, as OpenAI's /v1/embeddings
-
-
-@dataclass(frozen=True)
-class EmbeddingSpec:
-    """A parsed request: each input a text or a list of token ids (a text's own, no special tokens)."""
-    model: str
-    inputs: tuple[str | tuple[int, ...], ...]
-    dimensions: int | None = None
-    keep_alive: float | None = None
-
+from .specs import EmbeddingSpec
 
 @dataclass(frozen=True)
 class Embeddings:

@@ -20,13 +20,18 @@ _PROBE_SYSTEM = "omlx probe system text"
 @dataclass(frozen=True)
 class ToolFormat:
     """How calls look in a model's output: text between `start` and `end` (end "" = to the end of
-    the answer), turned into {"name", "arguments"} dict(s) by `parse` (an mlx-lm tool parser)."""
+    the answer), turned into {"name", "arguments"} dict(s) by an mlx-lm tool parser: `parse`, or
+    the module `mlx_lm.tool_parsers.<parser_name>` (imported at the first call)."""
     native: bool
     parser_name: str
     start: str
     end: str
-    parse: Callable[[str, Any], Any] = field(compare=False, repr=False)
+    parse: Callable[[str, Any], Any] | None = field(default=None, compare=False, repr=False)
     system_role: bool = True   # the chat template renders a system message (else we use the first user turn)
+
+    def parse_call(self, text: str, tools: Any) -> Any:
+        parse = self.parse or importlib.import_module(f"mlx_lm.tool_parsers.{self.parser_name}").parse_tool_call
+        return parse(text, tools)
 
     @property
     def writes_fallback_calls(self) -> bool:
@@ -34,13 +39,16 @@ class ToolFormat:
         return (self.parser_name, self.start, self.end) == (FALLBACK_PARSER, FALLBACK.start, FALLBACK.end)
 
 
-def _from_parser_module(name: str, *, native: bool) -> ToolFormat:
+def parser_format(name: str, *, native: bool = True) -> ToolFormat:
+    """The format of mlx-lm's parser module `mlx_lm.tool_parsers.<name>` (its markers and parser)."""
     module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
     return ToolFormat(native=native, parser_name=name, start=module.tool_call_start,
                       end=module.tool_call_end, parse=module.parse_tool_call)
 
 
-FALLBACK = _from_parser_module(FALLBACK_PARSER, native=False)
+# json_tools' own markers (a test checks they are): known without importing mlx-lm, so the routes
+# that validate a request's tool history import no MLX
+FALLBACK = ToolFormat(native=False, parser_name=FALLBACK_PARSER, start="<tool_call>", end="</tool_call>")
 
 _cache: "weakref.WeakKeyDictionary[Any, ToolFormat]" = weakref.WeakKeyDictionary()
 

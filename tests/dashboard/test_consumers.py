@@ -4,6 +4,7 @@ WebsocketCommunicator; the page's access rule through Django's AsyncClient."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -235,14 +236,24 @@ async def test_the_page_follows_the_same_rule(site):
     assert page.status_code == 200 and "log out admin" in page.content.decode()
 
 
-async def test_a_load_never_blocks_the_connection(site):
-    """Other messages are answered while a model loads."""
+async def test_a_load_never_blocks_the_connection(site, monkeypatch):
+    """Other messages are answered while a model loads: the load is held at its weights until the
+    other answer has come back, so an answer that waited for the load would never come."""
+    from pool.engines import generator
+
+    weights_may_load = threading.Event()
+    fill_weights = generator.fill_weights
+
+    def held(model, group_bytes):
+        assert weights_may_load.wait(30), "the test never released the load"
+        return fill_weights(model, group_bytes)
+    monkeypatch.setattr(generator, "fill_weights", held)
     ws, _ = await connected(site)
-    started = time.monotonic()
-    await answer(ws, {"action": "load", "model": SMALL})
+    loading = await answer(ws, {"action": "load", "model": SMALL})
+    assert row(loading, SMALL)["state"] == "loading"
     snap = await answer(ws, {"action": "set_ttl", "model": OTHER, "ttl_seconds": 30})
-    assert time.monotonic() - started < 2
-    assert row(snap, OTHER)["ttl_seconds"] == 30
+    assert row(snap, OTHER)["ttl_seconds"] == 30 and row(snap, SMALL)["state"] == "loading"
+    weights_may_load.set()
     await until(ws, lambda s: row(s, SMALL)["state"] == "loaded")
     await asyncio.sleep(0)
     await ws.disconnect()

@@ -9,6 +9,7 @@ import pytest
 
 from pool.api.errors import status_of
 from pool.errors import Busy, InvalidRequest
+from pool.policy.vocabulary import Change
 from pool.serving.completion import CompletionSpec
 from tests.fakes import Core, Spec, model_folders
 
@@ -254,3 +255,64 @@ async def test_a_model_unloaded_while_the_caches_are_walked_is_skipped(models):
     assert core.states() == {"a": "loaded", "b": "unloaded", "c": "loaded"}
     assert ("reclaim", "cache_reclaim", "a") in core.events()
     assert not [e for e in core.events() if e[0] == "reclaim" and e[2] == "b"]
+
+
+# ---- what wakes the enforcer ------------------------------------------------------------------------
+
+class Rows(list):
+    """Telemetry that keeps its rows in a list."""
+
+    def append(self, row) -> None:
+        super().append(row)
+
+    def flush(self) -> None:
+        pass
+
+
+async def test_short_requests_do_not_wake_the_enforcer_but_loads_and_kv_growth_do(models):
+    """100 short requests to a loaded model: no tick of their own (under the old rule each start and
+    end woke it: ~100 ticks in the ~1 s they take). A load and a KV growth report each wake it once;
+    an idle model's TTL is honoured although no request end ticks. At most one telemetry row per
+    poll interval."""
+    core = Core(models, memory_ceiling=CEILING, idle_ttl=60,
+                specs={"a": Spec(tokens=3, token_seconds=0.003), "b": Spec(load_seconds=0.05)})
+    core.enforcer.telemetry = rows = Rows()
+    await core.pool.load("a")
+    core.enforcer.start()
+    await asyncio.sleep(0.05)
+    start_ticks, started = core.enforcer.ticks, asyncio.get_running_loop().time()
+    for _ in range(100):
+        await core.complete("a")
+    elapsed = asyncio.get_running_loop().time() - started
+    polls = int(elapsed / 1.0) + 1            # the busy poll: once a second
+    assert elapsed > 0.5                      # long enough that a tick per request would show
+    assert core.enforcer.ticks - start_ticks <= polls
+    assert len(rows) <= polls + 1
+
+    before = core.enforcer.ticks
+    await core.pool.load("b")                 # a load moves memory: it wakes the enforcer
+    await asyncio.sleep(0.1)
+    assert core.enforcer.ticks > before
+
+    before = core.enforcer.ticks
+    core.pool.events.changed(Change.KV_GROWTH, "a")   # what an engine reports from its thread
+    await asyncio.sleep(0.1)
+    assert core.enforcer.ticks == before + 1
+
+    core.clock.advance(61)                    # a's TTL ran out; a reschedule (not a tick) sees it
+    core.pool.events.changed(Change.REQUEST_END, "a")
+    await asyncio.sleep(0.3)
+    assert core.states()["a"] == "unloaded"
+    await core.enforcer.stop()
+    await core.pool.shutdown()
+
+
+async def test_the_enforcers_own_actions_do_not_wake_it(models):
+    core = Core(models, memory_ceiling=CEILING)
+    await loaded(core, "a", "b", "c")
+    core.memory.base = 700 * MB               # 1000 MB in all: over the hard line
+    core.enforcer.start()
+    await asyncio.sleep(0.3)                  # the first tick evicts; the unloads it causes wake nothing
+    assert core.enforcer.ticks == 1 and "unloaded" in core.states().values()
+    await core.enforcer.stop()
+    await core.pool.shutdown()

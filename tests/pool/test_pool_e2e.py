@@ -240,7 +240,7 @@ def test_a_loaded_model_never_waits_behind_another_load(start_server, models, ma
     assert still_loading and during < load_seconds, (during, alone, load_seconds)
 
 
-def test_concurrent_requests_to_one_model_share_the_batch(start_server):
+def test_concurrent_requests_to_a_cold_model_load_it_once_and_each_get_their_answer(start_server):
     server = start_server()
     answers = []
 
@@ -253,3 +253,4 @@ def test_concurrent_requests_to_one_model_share_the_batch(start_server):
     [t.start() for t in threads]
     [t.join(120) for t in threads]
     assert len(answers) == 3 and all("Paris" in a for a in answers), answers
+    assert "model_loads_total 1.0" in server.get("/metrics").text      # one load, shared (single-flight)

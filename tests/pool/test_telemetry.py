@@ -1,17 +1,16 @@
 """Telemetry: batched writes to its own WAL SQLite file, retention, the since filter and downsampling;
 then Metrics, fed by pool listener calls and a snapshot."""
 
-import asyncio
 import sqlite3
-from types import SimpleNamespace
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pool.events import EventLog
 from pool.metrics import Metrics
-from pool.policy.vocabulary import ActionKind, Change, Reason
+from pool.policy.vocabulary import Reason
+from pool.serving.completion import CompletionSpec
 from pool.telemetry import PRUNE_EVERY_SECONDS, Telemetry
+from tests.fakes import Core, Spec, model_folders
 
 DAY = 86400
 NOW = 1_800_000_000.0
@@ -181,34 +180,9 @@ def test_reopening_keeps_rows(tmp_path, clock):
     second.close()
 
 
-# ---- Metrics: counted from pool listener calls, gauges read from the snapshot at scrape time ----
+# ---- Metrics: counted from the pool's changes, gauges read from the real snapshot at scrape time ----
 
-class FakePool:
-    """What Metrics reads of a pool, with changes sent through the real EventLog."""
-
-    def __init__(self, *ids):
-        self.entries = {i: SimpleNamespace(id=i, leases=0) for i in ids}
-        self.events = EventLog()
-        self.loads_total, self.load_seconds_total = 2, 1.5
-
-    def lease(self, model):
-        self.entries[model].leases += 1
-        self.events.changed(Change.REQUEST_START, model)
-
-    def end(self, model):
-        self.entries[model].leases -= 1
-        self.events.changed(Change.REQUEST_END, model)
-
-    def record(self, **event):
-        asyncio.run(self.events.record(**event))
-
-
-def snapshot():
-    return {"memory": {"usage_bytes": 10, "active_bytes": 5, "cache_bytes": 1, "rss_bytes": 10,
-                       "ceiling_bytes": None, "model_budget_bytes": 100, "model_bytes": 4, "level": "hard",
-                       "admission_paused": True, "admission_waiting": 2},
-            "models": [{"id": "a", "state": "loaded", "active_requests": 2, "measured_bytes": 4},
-                       {"id": "b", "state": "unloaded", "active_requests": 0, "measured_bytes": None}]}
+MB = 10**6
 
 
 def samples(metrics) -> dict:
@@ -216,57 +190,75 @@ def samples(metrics) -> dict:
             for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples}
 
 
+def watched(core: Core) -> Metrics:
+    metrics = Metrics(snapshot=core.host.state)
+    metrics.watch(core.pool)
+    return metrics
+
+
 @pytest.fixture
-def pool_and_metrics():
-    pool = FakePool("a", "b")
-    metrics = Metrics(pool, snapshot=snapshot)
-    pool.events.subscribe(metrics.on_pool_change)
-    return pool, metrics
+def core(tmp_path):
+    """This process as a host over fake engines: a and b of 100 MB, a budget of 500 MB."""
+    return Core(model_folders(tmp_path / "models", a=100 * MB, b=100 * MB), max_model_memory=500 * MB,
+                memory_ceiling=1000 * MB, specs={"a": Spec(tokens=50, token_seconds=0.01)})
 
 
-def test_requests_are_counted_per_model(pool_and_metrics):
-    pool, metrics = pool_and_metrics
-    pool.lease("a"), pool.lease("a"), pool.lease("b"), pool.end("a"), pool.lease("a"), pool.end("b")
+async def test_requests_are_counted_per_model(core):
+    metrics = watched(core)
+    for model in ("a", "a", "b", "a"):
+        await core.complete(model)
     got = samples(metrics)
     assert got[("requests_total", (("model", "a"),))] == 3
     assert got[("requests_total", (("model", "b"),))] == 1
+    await core.pool.shutdown()
 
 
-def test_unloads_count_as_evictions_and_every_event_by_reason(pool_and_metrics):
-    pool, metrics = pool_and_metrics
-    pool.record(action=ActionKind.UNLOAD, model_id="a", reason=Reason.LRU, freed_bytes=10)
-    pool.record(action=ActionKind.ABORT_REQUESTS, model_id="b", reason=Reason.EMERGENCY)
-    pool.record(action=ActionKind.MARK_UNLOAD, model_id="b", reason=Reason.EMERGENCY)
-    pool.record(action=ActionKind.RECLAIM, reason=Reason.CACHE_RECLAIM, freed_bytes=5)
-    metrics.admission_rejected("queue_full")
+async def test_unloads_count_as_evictions_and_every_event_by_reason(core):
+    metrics = watched(core)
+    await core.pool.load("a")
+    await core.pool.unload("a")                                     # manual: an eviction
+    await core.pool.load("b")
+    await core.host.actions.mark_for_unload("b", reason=Reason.EMERGENCY)
+    await core.host.actions.abort_requests("b", reason=Reason.EMERGENCY, message="x", code="memory_pressure")
+    await core.host.actions.reclaim_caches()
+    core.gate.on_reject("queue_full")
     got = samples(metrics)
-    assert got[("evictions_total", (("reason", "lru"),))] == 1
+    assert got[("evictions_total", (("reason", "manual"),))] == 1
     assert ("evictions_total", (("reason", "emergency"),)) not in got
     assert ("evictions_total", (("reason", "cache_reclaim"),)) not in got
-    assert {r: got[("pool_events_total", (("reason", r),))] for r in ("lru", "emergency", "cache_reclaim")} == {
-        "lru": 1, "emergency": 2, "cache_reclaim": 1}
-    assert got[("admission_rejections_total", (("reason", "queue_full"),))] == 1
+    assert {r: got[("pool_events_total", (("reason", r),))] for r in ("manual", "emergency", "cache_reclaim")} == {
+        "manual": 1, "emergency": 2, "cache_reclaim": 1}
+    await core.pool.shutdown()
 
 
-def test_gauges_come_from_the_snapshot(pool_and_metrics):
-    _, metrics = pool_and_metrics
+async def test_gauges_come_from_the_snapshot(core):
+    metrics = watched(core)
+    stream = await core.router.generate(CompletionSpec(model="a", prompt="x"))   # a loads and runs one
+    core.memory.base = 805 * MB               # 905 MB of the 1000 MB ceiling: soft, and a is busy
+    await core.enforcer.tick()
     got = samples(metrics)
-    assert got[("memory_usage_bytes", ())] == 10 and got[("model_budget_bytes", ())] == 100
-    assert ("memory_ceiling_bytes", ()) not in got                 # ceiling off: no sample
-    assert got[("memory_pressure_level", ())] == 2
-    assert got[("memory_pressure", (("level", "hard"),))] == 1 and got[("memory_pressure", (("level", "ok"),))] == 0
-    assert got[("admission_paused", ())] == 1 and got[("admission_waiting", ())] == 2
+    assert got[("memory_usage_bytes", ())] == 905 * MB and got[("model_budget_bytes", ())] == 500 * MB
+    assert got[("memory_ceiling_bytes", ())] == 1000 * MB
+    assert got[("memory_pressure_level", ())] == 1
+    assert got[("memory_pressure", (("level", "soft"),))] == 1 and got[("memory_pressure", (("level", "ok"),))] == 0
+    assert got[("admission_paused", ())] == 1 and got[("admission_waiting", ())] == 0
     assert got[("loaded_models", ())] == 1
-    assert got[("active_requests", (("model", "a"),))] == 2
+    assert got[("active_requests", (("model", "a"),))] == 1
     assert got[("model_state", (("model", "b"), ("state", "unloaded")))] == 1
-    assert got[("model_loads_total", ())] == 2 and got[("model_load_seconds_total", ())] == 1.5
+    assert got[("model_measured_bytes", (("model", "a"),))] == 100 * MB
+    assert got[("model_loads_total", ())] == 1 and got[("model_load_seconds_total", ())] == 0
+    await stream.aclose()
+    core.memory.base = 0
+    await core.enforcer.tick()
+    assert samples(metrics)[("memory_pressure_level", ())] == 0
+    await core.pool.shutdown()
 
 
-def test_each_runtime_has_its_own_registry():
-    first, second = FakePool("a"), FakePool("a")
-    first_metrics, second_metrics = Metrics(first, snapshot=snapshot), Metrics(second, snapshot=snapshot)
-    first.events.subscribe(first_metrics.on_pool_change)
-    second.events.subscribe(second_metrics.on_pool_change)
-    first.lease("a")
+async def test_each_runtime_has_its_own_registry(tmp_path):
+    first = Core(model_folders(tmp_path / "one", a=MB))
+    second = Core(model_folders(tmp_path / "two", a=MB))
+    first_metrics, second_metrics = watched(first), watched(second)
+    await first.complete("a")
     assert samples(first_metrics)[("requests_total", (("model", "a"),))] == 1
     assert ("requests_total", (("model", "a"),)) not in samples(second_metrics)
+    await first.pool.shutdown()

@@ -15,20 +15,11 @@ from openai.types.chat import ChatCompletionChunk
 
 from pool.api.errors import status_of
 from pool.errors import InvalidRequest
-from pool.tools import (
-    FALLBACK,
-    ToolCall,
-    ToolRequest,
-    ToolStream,
-    fallback_call_text,
-    finish_reason,
-    parse_tool_request,
-    prepare_messages,
-    request_format,
-    split_tool_calls,
-    tool_format,
-)
-from pool.tools.formats import _from_parser_module
+from pool.tools.calls import ToolCall, finish_reason
+from pool.tools.formats import FALLBACK, fallback_call_text, parser_format, request_format, tool_format
+from pool.tools.prompt import prepare_messages
+from pool.tools.request import ToolRequest, parse_tool_request
+from pool.tools.stream import ToolStream, split_tool_calls
 
 # Qwen2.5-Instruct's chat template (tools in the system turn, calls as <tool_call>{json}</tool_call>)
 QWEN25_TEMPLATE = """{%- if tools %}
@@ -169,6 +160,13 @@ def test_tool_format_of_real_tokenizers(toks, name, native, parser, start, end, 
 
 def test_no_tokenizer_gets_the_fallback():
     assert tool_format(None) == FALLBACK     # an engine without one (the pool's fakes)
+
+
+def test_the_fallback_format_is_mlx_lms_json_tools():
+    """FALLBACK names json_tools' markers without importing mlx-lm; they must be the parser's own."""
+    from mlx_lm.tool_parsers import json_tools
+
+    assert (FALLBACK.start, FALLBACK.end) == (json_tools.tool_call_start, json_tools.tool_call_end)
 
 
 def test_the_demo_tokenizer_has_no_tool_support_of_its_own(toks):
@@ -492,7 +490,7 @@ NATIVE_CASES = [
 
 @pytest.mark.parametrize("parser, text, content, calls", NATIVE_CASES)
 def test_split_tool_calls_native_formats(parser, text, content, calls):
-    fmt = _from_parser_module(parser, native=True)
+    fmt = parser_format(parser)
     assert outcome(*split_tool_calls(text, fmt, tools=TOOLS)) == (content, calls)
 
 
@@ -545,7 +543,7 @@ def test_streaming_matches_the_whole_answer(toks, text, content, calls):
 
 @pytest.mark.parametrize("parser, text, content, calls", NATIVE_CASES)
 def test_streaming_native_formats_char_by_char(parser, text, content, calls):
-    deltas, _ = run_stream(_from_parser_module(parser, native=True), list(text), tools=TOOLS)
+    deltas, _ = run_stream(parser_format(parser), list(text), tools=TOOLS)
     assert joined(deltas) == (content, calls)
 
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 from django.http import JsonResponse
 
 from ...runtime import get_runtime
-from ...serving.completion import Completion, CompletionSpec
-from ...tools import ToolCall, ToolStream
+from ...tools.calls import ToolCall
 from ..auth import require_key
 from ..dialects import ANTHROPIC
 from ..keepalive import KEEPALIVE, until_first
@@ -24,7 +23,7 @@ from .parse import parse_count_tokens, parse_messages, read_body
 async def messages(request):
     req = parse_messages(read_body(request))
     completion = await get_runtime().router.generate(req.spec)
-    reader = _reader(req.spec, completion)
+    reader = _reader(completion)
     if not req.stream:
         async with completion:
             return JsonResponse(await _collect(completion, reader))
@@ -52,7 +51,7 @@ class _PlainText:
 class _WithTools:
     """The engine's text through the tools layer's parser: text pieces and tool calls, in order."""
 
-    def __init__(self, stream: ToolStream):
+    def __init__(self, stream):
         self._stream = stream
 
     def feed(self, text: str) -> list:
@@ -68,13 +67,13 @@ def _piece(delta):
     return Text(delta)
 
 
-def _reader(spec: CompletionSpec, completion: Completion):
-    if not spec.tools or spec.tool_choice == "none" or completion.tool_format is None:
-        return _PlainText()
-    return _WithTools(ToolStream(completion.tool_format, tools=spec.tools, parallel=spec.parallel_tool_calls))
+def _reader(completion):
+    """The answer's text as pieces: through the request's tool-call parser when it has tools."""
+    stream = completion.tool_stream()
+    return _PlainText() if stream is None else _WithTools(stream)
 
 
-async def _collect(completion: Completion, reader) -> dict:
+async def _collect(completion, reader) -> dict:
     pieces, last = [], None
     async for chunk in completion.chunks():
         pieces.extend(reader.feed(chunk.text))
@@ -88,7 +87,7 @@ async def _collect(completion: Completion, reader) -> dict:
                          usage=shape.usage(last.prompt_tokens, last.completion_tokens))
 
 
-async def _stream(completion: Completion, reader):
+async def _stream(completion, reader):
     async with completion:
         stream = EventStream(model=completion.model_id, input_tokens=completion.prompt_tokens)
         for event in stream.start():

@@ -15,7 +15,7 @@ from django.core.exceptions import RequestDataTooBig
 
 from ...conf import get_settings
 from ...errors import InvalidRequest
-from ...serving.completion import CompletionSpec
+from ...serving.specs import CompletionSpec
 from ..errors import RequestTooLarge
 from ..fields import check_count, flag, integer, json_body, number, stop_strings
 

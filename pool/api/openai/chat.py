@@ -10,8 +10,7 @@ from __future__ import annotations
 from django.http import JsonResponse
 
 from ...runtime import get_runtime
-from ...serving.completion import Completion
-from ...tools import finish_reason, split_tool_calls
+from ...tools.calls import finish_reason
 from ..auth import require_key
 from ..dialects import OPENAI
 from ..fields import json_body
@@ -53,7 +52,7 @@ def _usage(finals) -> dict:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-async def _collect(completion: Completion, shape: Shape) -> dict:
+async def _collect(completion, shape: Shape) -> dict:
     texts: list[list[str]] = [[] for _ in range(shape.n)]
     entries: list[list] = [[] for _ in range(shape.n)]
     finals = {}
@@ -67,16 +66,15 @@ async def _collect(completion: Completion, shape: Shape) -> dict:
     return shape.body(choices, _usage(finals[i] for i in range(shape.n)))
 
 
-def _choice(shape: Shape, completion: Completion, index: int, text: str, reason: str, entries) -> dict:
-    fmt, tools = completion.tool_format, completion.tool_request
-    if fmt is None or tools is None:
+def _choice(shape: Shape, completion, index: int, text: str, reason: str, entries) -> dict:
+    if completion.tool_format is None:
         return shape.choice(index, text, reason, chunk=False, entries=entries)
-    content, calls = split_tool_calls(text, fmt, tools=tools.tools, parallel=tools.parallel_tool_calls)
+    content, calls = completion.split_tool_calls(text)
     return shape.choice(index, content, finish_reason(reason, bool(calls)), chunk=False, entries=entries,
                         tool_calls=calls)
 
 
-async def _stream(completion: Completion, shape: Shape, include_usage: bool):
+async def _stream(completion, shape: Shape, include_usage: bool):
     async with completion:
         if shape.chat:
             for index in range(shape.n):

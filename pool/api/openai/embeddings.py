@@ -10,7 +10,7 @@ from django.http import JsonResponse
 
 from ...errors import InvalidRequest
 from ...runtime import get_runtime
-from ...serving.embedding import MAX_INPUTS, Embeddings, EmbeddingSpec
+from ...serving.specs import MAX_INPUTS, EmbeddingSpec
 from ..auth import require_key
 from ..fields import json_body, keep_alive
 from ..route import api_route
@@ -70,13 +70,13 @@ def parse_embeddings(body: dict) -> tuple[EmbeddingSpec, str]:
     return spec, fmt
 
 
-def encode_vector(result: Embeddings, index: int, fmt: str) -> list[float] | str:
+def encode_vector(result, index: int, fmt: str) -> list[float] | str:
     if fmt == "base64":   # as OpenAI's: the float32 values' little-endian bytes
         return base64.b64encode(result.little_endian_bytes(index)).decode("ascii")
     return result.floats(index)
 
 
-def response_body(result: Embeddings, fmt: str) -> dict:
+def response_body(result, fmt: str) -> dict:
     data = [{"object": "embedding", "index": i, "embedding": encode_vector(result, i, fmt)}
             for i in range(len(result))]
     return {"object": "list", "data": data, "model": result.model_id,

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from ...conf import get_settings
 from ...errors import InvalidRequest
 from ...policy import kv
-from ...serving.completion import CompletionSpec
-from ...tools import FALLBACK, parse_tool_request, prepare_messages
+from ...serving.specs import CompletionSpec
+from ...tools.formats import FALLBACK
+from ...tools.prompt import prepare_messages
+from ...tools.request import parse_tool_request
 from ..fields import check_count, flag, integer, keep_alive, number, stop_strings
 from .structured import parse_response_format
 

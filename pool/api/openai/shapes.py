@@ -8,7 +8,7 @@ import time
 import uuid
 from dataclasses import replace
 
-from ...tools import ToolCall, ToolStream, finish_reason
+from ...tools.calls import ToolCall, finish_reason
 
 _MARK = "\x00text"    # stands for the text in text_event's template; no JSON encodes anything else so
 LOWEST_LOGPROB = -9999.0   # what OpenAI shows for a token that cannot be chosen (JSON has no -Infinity)
@@ -107,10 +107,8 @@ class ToolEvents:
     out as text events, each call as one `delta.tool_calls` chunk."""
 
     def __init__(self, shape: Shape, completion):
-        tools = completion.tool_request
         self.shape = shape
-        self.streams = [ToolStream(completion.tool_format, tools=tools.tools, parallel=tools.parallel_tool_calls)
-                        for _ in range(shape.n)]
+        self.streams = [completion.tool_stream() for _ in range(shape.n)]
 
     def events(self, chunk) -> list[bytes]:
         stream = self.streams[chunk.index]

@@ -1,0 +1,48 @@
+"""What a request asks of a model, as the routes hand it to the router: plain, validated values.
+(Light on purpose: the routes import this, and nothing that loads MLX.)"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+@dataclass(frozen=True)
+class CompletionSpec:
+    """A parsed request: chat `messages` or a completion `prompt`. None = the model's default."""
+    model: str
+    messages: list[dict] | None = None
+    prompt: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    keep_alive: float | None = None
+    cache_prompt: bool = True
+    kv: dict = field(default_factory=dict)     # max_kv_size, kv_bits, ...: the request's own, if given
+    n: int = 1                                 # choices from the one prompt
+    logprobs: int | None = None                # None: off; k: each token's logprob and the top k
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float | None = None
+    constraint: Any = None                     # a serving.constraints.Constraint: constrained decoding
+    tools: tuple[dict, ...] = ()               # OpenAI function tools, for the chat template
+    tool_choice: Any = None
+    parallel_tool_calls: bool = True
+
+    @property
+    def prompt_param(self) -> str:
+        return "messages" if self.messages is not None else "prompt"
+
+
+MAX_INPUTS = 2048          # inputs in one request, as OpenAI's /v1/embeddings
+
+
+@dataclass(frozen=True)
+class EmbeddingSpec:
+    """A parsed request: each input a text or a list of token ids (a text's own, no special tokens)."""
+    model: str
+    inputs: tuple[str | tuple[int, ...], ...]
+    dimensions: int | None = None
+    keep_alive: float | None = None
