@@ -14,7 +14,7 @@ from django.http.request import split_domain_port, validate_host
 
 from pool.api_key import key_valid, scope_headers
 from pool.conf import get_settings
-from pool.network import is_loopback  # noqa: F401 - part of this module's interface
+from pool.network import is_loopback
 
 
 def is_open(client_host: str | None) -> bool:

@@ -73,7 +73,7 @@ class PoolConsumer(AsyncJsonWebsocketConsumer):
         except PoolError as e:
             await self.send_error(e.message, action=action, code=e.code)
             return
-        except Exception as e:  # noqa: BLE001 - one bad action must not end the page's connection
+        except Exception as e:
             log.exception("dashboard action %r failed", action)
             await self.send_error(f"internal error: {type(e).__name__}", action=action)
             return

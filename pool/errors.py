@@ -60,9 +60,10 @@ class WrongKind(InvalidRequest):
     """A request for one kind of model (pool/kinds.py) names a model of another kind."""
     code = "model_kind_mismatch"
 
-    def __init__(self, *, model: str, kind: str, wanted: str, noun: str, alternatives: list[str]):
-        self.model, self.kind, self.wanted, self.noun, self.alternatives = model, kind, wanted, noun, alternatives
-        super().__init__(f"'{model}' is {noun}; this request needs a {wanted} model (available: "
+    def __init__(self, *, model: str, kind: str, noun: str, wanted: str, wanted_noun: str, alternatives: list[str]):
+        self.model, self.kind, self.noun, self.alternatives = model, kind, noun, alternatives
+        self.wanted, self.wanted_noun = wanted, wanted_noun
+        super().__init__(f"'{model}' is {noun}; this request needs {wanted_noun} (available: "
                          f"{', '.join(alternatives) or 'none'}).", param="model")
 
 

@@ -117,7 +117,7 @@ class EventLog:
         """Write the kept events, oldest first, until one fails; how many were written. The live
         timeline's copy of each then shows its row (id, `stored` gone)."""
         written = 0
-        while self.pending:
+        while self.pending and self.recorder is not None:
             event, shown = self.pending[0]
             try:
                 row = await self.recorder(**event)

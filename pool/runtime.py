@@ -28,7 +28,7 @@ class Runtime:
     def __init__(self):
         from . import storage
         from .broadcast import Broadcaster
-        from .host.local import LocalHost      # here, not at import: the routes import this module
+        from .host.local import LocalHost  # here, not at import: the routes import this module
         from .metrics import Metrics
         from .services import record_event
         from .telemetry import Telemetry
@@ -70,7 +70,7 @@ class Runtime:
                 return
             try:
                 await self._start()
-            except Exception as e:  # noqa: BLE001 - reported by every route as a 503, not a 500
+            except Exception as e:
                 failure = f"{type(e).__name__}: {e}"
                 if failure != self.failure:
                     log.exception("the server could not start: %s", failure)

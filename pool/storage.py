@@ -255,7 +255,7 @@ class StorageHealth:
         for listener in list(self.listeners):
             try:
                 listener(change)
-            except Exception:  # noqa: BLE001 - reporting must never break the write path
+            except Exception:
                 log.exception("could not report a storage change")
 
     def reset(self, *, settle_seconds: float = SETTLE_SECONDS) -> None:

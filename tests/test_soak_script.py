@@ -14,8 +14,8 @@ from tests.conftest import DEMO, ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from soak_checks import EndState, Sample, Summary, all_loaded_once, bad_5xx, failures, hard_overrun_ticks, summarize  # noqa: E402
-from soak_kinds import DROPPED, ERROR, OK, STREAM_ERROR, TIMEOUT, Result  # noqa: E402
+from soak_checks import EndState, Sample, Summary, all_loaded_once, bad_5xx, failures, hard_overrun_ticks, summarize
+from soak_kinds import DROPPED, ERROR, OK, STREAM_ERROR, TIMEOUT, Result
 
 MB = 10**6
 GOOD = Summary(seconds=60, clients=2, requests={"200 ok": 50}, samples=60, hard_bytes=950 * MB,

@@ -147,7 +147,7 @@ class EmbeddingEngine(EngineWorker):
             return self._encode(tokens, epoch, waiting)
         except RequestAborted:
             raise
-        except Exception as e:  # noqa: BLE001 - one bad request must not end the thread
+        except Exception as e:
             log.exception("embedding failed on %s", self.model_id)
             raise EngineError(f"embedding failed: {type(e).__name__}: {e}") from None
 

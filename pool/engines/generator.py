@@ -235,7 +235,7 @@ class TextEngine(EngineWorker):
                 self._prefills.remove(job)
                 for req, cache in job.fork():
                     self._start(req, job.pending, cache, job.fed)
-            except Exception as e:  # noqa: BLE001 - ends these choices, not the thread
+            except Exception as e:
                 log.exception("reading a shared prompt failed on %s", self.model_id)
                 if job in self._prefills:
                     self._prefills.remove(job)
@@ -301,7 +301,7 @@ class TextEngine(EngineWorker):
             lane.set_prefill_step(self.prefill_step)
             try:
                 steps = lane.step()
-            except Exception as e:  # noqa: BLE001 - one bad step must not kill the thread
+            except Exception as e:
                 log.exception("generation step failed on %s", self.model_id)
                 self._fail_lane(key, EngineError(f"generation failed: {type(e).__name__}"))
                 continue
@@ -313,7 +313,7 @@ class TextEngine(EngineWorker):
                     if step.finish_reason is not None:
                         self._store(req, step.prompt_cache, step.all_tokens)
                     self._deliver(req, step.token, step.finish_reason, step.logprobs)
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:
                     log.exception("delivering a token failed on %s", self.model_id)
                     self._remove(req)
                     self._outbox.emit(req, EngineError(f"generation failed: {type(e).__name__}"))

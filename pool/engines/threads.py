@@ -53,7 +53,7 @@ class _Worker:
             try:
                 fn()
                 mx.synchronize()
-            except BaseException:  # noqa: BLE001 - the engine's own error handling missed it; the thread lives on
+            except BaseException:
                 log.exception("%s ended with an error", name)
             self.thread.name = self.idle_name
             running.finish()

@@ -100,7 +100,7 @@ class MemoryEnforcer:
                 await self.tick()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - the watchdog must outlive any one bad tick
+            except Exception:
                 log.exception("enforcer tick failed")
             await self._sleep(time.monotonic() + self.interval)
             await asyncio.sleep(MIN_TICK_GAP)  # a storm of wake-ups cannot spin the loop

@@ -133,7 +133,7 @@ class GracefulStop:
     async def run(self) -> None:
         try:
             await self.drain()
-        except Exception:  # noqa: BLE001 - the process must still stop
+        except Exception:
             log.exception("the graceful stop failed; stopping now")
         finally:
             if reactor.running:

@@ -1,6 +1,6 @@
 """Request limits, as pure decisions over plain values: how many tokens a request may generate in
 its model's context, whether its prompt can fit before it is tokenised, the limits on counts and
-lengths of a body's lists and strings, and the words of each refusal (OpenAI's and Anthropic's).
+lengths of a body's lists and strings. (Each API dialect words the refusals: pool/api/*/words.py.)
 
 The context holds the prompt and what is generated. A prompt that fills it leaves nothing to
 generate: refused. A `max_tokens` the client gave that does not fit beside the prompt is refused too
@@ -75,34 +75,3 @@ def stop_problem(stops: list[str] | tuple[str, ...], *, max_count: int | None, m
         if len(stop) > max_chars:
             return f"each stop string may be at most {max_chars} characters; number {i} has {len(stop)}"
     return None
-
-
-# ---- the words of a context refusal --------------------------------------------------------------
-
-def openai_message(refused: str, *, context: int, prompt_tokens: int, max_tokens: int | None,
-                   prompt_param: str) -> str:
-    """OpenAI's wording of context_length_exceeded (clients and proxies match on it)."""
-    head = f"This model's maximum context length is {context} tokens. However, "
-    if refused == PROMPT:
-        return (f"{head}your {prompt_param} resulted in {prompt_tokens} tokens. "
-                f"Please reduce the length of the {prompt_param}.")
-    return (f"{head}you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {prompt_param}, "
-            f"{max_tokens} in the completion). Please reduce the length of the {prompt_param} or completion.")
-
-
-def anthropic_message(refused: str, *, context: int, prompt_tokens: int, max_tokens: int | None) -> str:
-    """Anthropic's wording (Claude Code reads the numbers of the second and retries with less)."""
-    if refused == PROMPT:
-        return f"prompt is too long: {prompt_tokens} tokens > {context - 1} maximum"
-    return (f"input length and `max_tokens` exceed context limit: {prompt_tokens} + {max_tokens} > {context}, "
-            "decrease input length or `max_tokens` and try again")
-
-
-def size_messages(*, chars: int, limit: int, context: int, chars_per_token: int,
-                  prompt_param: str) -> tuple[str, str]:
-    """(OpenAI's, Anthropic's) words for a prompt refused by its size before it was tokenised."""
-    why = (f"this model's maximum context length is {context} tokens, and no prompt of more than {limit} "
-           f"characters ({chars_per_token} per token, OMLX_PROMPT_CHARS_PER_TOKEN) can fit it")
-    return (f"'{prompt_param}' holds {chars} characters; {why}. Please reduce the length of the "
-            f"{prompt_param}.",
-            f"prompt is too long: {chars} characters > {limit} maximum ({why})")

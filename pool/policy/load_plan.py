@@ -119,14 +119,15 @@ def plan_load(
 
     with_headroom, needed, memory_count = True, with_headroom_bytes, 0
     if budget is not None:
-        memory_count = _victims_to_fit(candidates, resident_bytes, with_headroom_bytes, budget)
-        if memory_count is None:
+        fitted = _victims_to_fit(candidates, resident_bytes, with_headroom_bytes, budget)
+        if fitted is None:
             with_headroom, needed = False, size
-            memory_count = _victims_to_fit(candidates, resident_bytes, size, budget)
-        if memory_count is None:
+            fitted = _victims_to_fit(candidates, resident_bytes, size, budget)
+        if fitted is None:
             request = _describe_request(target_id, size, headroom, with_headroom=True)
             return refuse(Refusal.INSUFFICIENT_MEMORY, f"cannot load {request}: {_describe_blockers(blockers)}; "
                                                        f"budget {format_bytes(budget)}")
+        memory_count = fitted
 
     count_needed = max(0, len(others) + 1 - max_loaded) if max_loaded > 0 else 0
     if count_needed > len(candidates):

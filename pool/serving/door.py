@@ -53,8 +53,8 @@ class Door:
         entry = self.pool.entry(model_id)
         if entry.kind != kind:
             others = sorted(e.alias or e.id for e in self.pool.entries.values() if e.kind == kind and not e.hidden)
-            raise WrongKind(model=entry.alias or entry.id, kind=entry.kind.name, wanted=kind.name,
-                            noun=entry.kind.noun, alternatives=others)
+            raise WrongKind(model=entry.alias or entry.id, kind=entry.kind.name, noun=entry.kind.noun,
+                            wanted=kind.name, wanted_noun=kind.noun, alternatives=others)
         return entry
 
     @asynccontextmanager

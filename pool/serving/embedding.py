@@ -14,6 +14,7 @@ from ..kinds import EMBEDDINGS
 from .door import Door
 from .specs import EmbeddingSpec
 
+
 @dataclass(frozen=True)
 class Embeddings:
     model_id: str

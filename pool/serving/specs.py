@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+
 @dataclass(frozen=True)
 class CompletionSpec:
     """A parsed request: chat `messages` or a completion `prompt`. None = the model's default."""

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Union
 
 
-
 @dataclass(frozen=True)
 class ToolCall:
     id: str

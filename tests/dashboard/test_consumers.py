@@ -102,7 +102,7 @@ async def test_load_then_unload(site):
     snap = await until(ws, lambda s: row(s, SMALL)["state"] == "loaded")
     assert row(snap, SMALL)["measured_bytes"]
 
-    unloaded = lambda s: row(s, SMALL)["state"] == "unloaded" and s["events"]  # noqa: E731
+    unloaded = lambda s: row(s, SMALL)["state"] == "unloaded" and s["events"]
     snap = await answer(ws, {"action": "unload", "model": SMALL})
     snap = snap if unloaded(snap) else await until(ws, unloaded)
     event = snap["events"][0]

@@ -282,7 +282,7 @@ def allowed(out: mx.array) -> np.ndarray:
 @pytest.fixture(scope="module")
 def person_tokens(demo):
     _, tokenizer = demo
-    encode = lambda text: list(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    encode = lambda text: list(tokenizer.encode(text, add_special_tokens=False))
     return {"al": encode('{"name": "Al", "age": 3}'), "bo": encode('{"name": "Bo", "age": 4}')}
 
 

@@ -12,7 +12,7 @@ def message(error: PoolError) -> str:
     if isinstance(error, ContextLengthExceeded):
         return context_message(error)
     if isinstance(error, WrongKind):
-        return (f"'{error.model}' is {error.noun}: /v1/messages needs a {error.wanted} model (available: "
+        return (f"'{error.model}' is {error.noun}: /v1/messages needs {error.wanted_noun} (available: "
                 f"{', '.join(error.alternatives) or 'none'}).")
     return error.message
 

@@ -17,8 +17,8 @@ def message(error: PoolError) -> str:
     if isinstance(error, WrongKind):
         serves = ROUTES.get(error.kind, "other routes")
         needs = ROUTES.get(error.wanted, "this route")
-        return (f"'{error.model}' is {error.noun}: it serves {serves}, not {needs}; {needs} needs a "
-                f"{error.wanted} model (available: {', '.join(error.alternatives) or 'none'}).")
+        return (f"'{error.model}' is {error.noun}: it serves {serves}, not {needs}, which needs "
+                f"{error.wanted_noun} (available: {', '.join(error.alternatives) or 'none'}).")
     return error.message
 
 

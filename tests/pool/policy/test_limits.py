@@ -1,5 +1,5 @@
 """Decision tables for pool.policy.limits: the context a request gets, what it may generate in it,
-the size bound checked before tokenising, the count and length limits, and the refusals' words."""
+the size bound checked before tokenising, and the count and length limits."""
 
 from __future__ import annotations
 
@@ -9,13 +9,10 @@ from pool.policy.limits import (
     COMPLETION,
     PROMPT,
     ContextFit,
-    anthropic_message,
     context_length,
     fit_context,
     max_prompt_chars,
-    openai_message,
     prompt_chars,
-    size_messages,
     stop_problem,
     too_many,
 )
@@ -88,34 +85,3 @@ def test_too_many(count, limit, problem):
 def test_stop_problem(stops, max_count, max_chars, problem):
     said = stop_problem(stops, max_count=max_count, max_chars=max_chars)
     assert (said is None) if problem is None else (problem in said)
-
-
-@pytest.mark.parametrize("refused, max_tokens, param, expected", [
-    (PROMPT, None, "messages", "This model's maximum context length is 256 tokens. However, your messages resulted "
-                               "in 600 tokens. Please reduce the length of the messages."),
-    (PROMPT, None, "prompt", "This model's maximum context length is 256 tokens. However, your prompt resulted "
-                             "in 600 tokens. Please reduce the length of the prompt."),
-    (COMPLETION, 400, "messages", "This model's maximum context length is 256 tokens. However, you requested 1000 "
-                                  "tokens (600 in the messages, 400 in the completion). Please reduce the length of "
-                                  "the messages or completion."),
-])
-def test_openai_message(refused, max_tokens, param, expected):
-    assert openai_message(refused, context=256, prompt_tokens=600, max_tokens=max_tokens, prompt_param=param) == expected
-
-
-@pytest.mark.parametrize("refused, expected", [
-    (PROMPT, "prompt is too long: 600 tokens > 255 maximum"),
-    (COMPLETION, "input length and `max_tokens` exceed context limit: 600 + 400 > 256, decrease input length "
-                 "or `max_tokens` and try again"),
-])
-def test_anthropic_message(refused, expected):
-    assert anthropic_message(refused, context=256, prompt_tokens=600, max_tokens=400) == expected
-
-
-def test_size_messages_name_the_limit_and_the_setting():
-    openai, anthropic = size_messages(chars=10_000_000, limit=131072, context=8192, chars_per_token=16,
-                                      prompt_param="messages")
-    for said in (openai, anthropic):
-        assert "10000000" in said and "131072" in said and "8192" in said and "OMLX_PROMPT_CHARS_PER_TOKEN" in said
-    assert openai.startswith("'messages' holds 10000000 characters")
-    assert anthropic.startswith("prompt is too long")
