@@ -20,6 +20,9 @@ from pathlib import Path
 
 from _models import demo_model
 from _servers import start_omlx
+from omlx_site.process import setup_process
+
+setup_process()   # the BLAS and malloc settings, before anything imports MLX
 
 PROMPT = [{"role": "user", "content": "List the largest cities of Europe as JSON, with their country and population."}]
 SCHEMA = {
@@ -62,8 +65,6 @@ def main():
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--runs", type=int, default=3)
     args = p.parse_args()
-
-    import pool.blas  # noqa: F401  the BLAS preload, before MLX
 
     import mlx.core as mx
     from pool.engines.constraints import json_schema

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .blas import cpu_backend
+from .backend import cpu_backend
 from .concurrency import ModelSlots
 from .discovery import CHAT, EMBEDDINGS, ModelFolder, discover
 from .engines.types import CacheStats, EngineLike, LoadAborted as EngineLoadAborted, LoadResult

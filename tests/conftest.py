@@ -25,6 +25,10 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("OMLX_HOME", tempfile.mkdtemp(prefix="omlx-test-home-"))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omlx_site.settings")
 
+from omlx_site.process import setup_process  # noqa: E402
+
+setup_process()   # as every entry point does: the BLAS and malloc settings, before anything imports MLX
+
 import django  # noqa: E402
 
 django.setup()

@@ -13,7 +13,7 @@ import mlx.core as mx
 from mlx.utils import tree_map
 from mlx_lm.utils import dequantize_model
 
-from ..blas import cpu_backend
+from ..backend import cpu_backend
 from ..conf import get_settings
 from ..discovery import dense_size
 from ..memory import make_probe

@@ -5,7 +5,7 @@ The database is brought up to date first (a new OMLX_HOME needs no separate migr
 command exits non-zero with the reason in one line. Without OMLX_API_KEY it listens on loopback
 only: another address needs --allow-remote-without-key, and a warning is printed. The pool, the
 enforcer and pinned-model preloads start as soon as the server is ready. SIGTERM or SIGINT stops it
-gracefully (pool/management/server.py): running requests get OMLX_SHUTDOWN_GRACE seconds, then the
+gracefully (omlx_site/server.py): running requests get OMLX_SHUTDOWN_GRACE seconds, then the
 engine threads end, the database closes, and the process exits 0."""
 
 import asyncio
@@ -43,7 +43,7 @@ class Command(BaseCommand):
         sys.setswitchinterval(conf.switch_interval)
         from daphne.endpoints import build_endpoint_description_strings
 
-        from pool.management.server import GracefulStop, OmlxServer  # installs Twisted's asyncio reactor
+        from omlx_site.server import GracefulStop, OmlxServer  # installs Twisted's asyncio reactor
         from twisted.internet import defer, reactor
 
         from omlx_site.asgi import application, in_flight
@@ -91,7 +91,7 @@ class Command(BaseCommand):
                           "clients (or a staff login) only.")
 
     def _say_blas(self) -> None:
-        from pool import blas
+        from omlx_site import blas
 
         if blas.state and blas.state["path"]:
             self.stdout.write(f"MLX CPU backend: {blas.state['blas']} BLAS loaded ({blas.state['path']}); "

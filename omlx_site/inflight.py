@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from ..errors import ServiceUnavailable
-from .errors import ANTHROPIC, error_response, sse_error, style_for_path
+from pool.api.errors import ANTHROPIC, error_response, sse_error, style_for_path
+from pool.errors import ServiceUnavailable
 
 SHUTTING_DOWN = "server_shutting_down"
 RETRY_AFTER = 5
