@@ -20,6 +20,9 @@ from pathlib import Path
 
 from _models import demo_model
 from _servers import start_omlx
+from omlx_site.process import setup_process
+
+setup_process()   # the BLAS and malloc settings, before anything imports MLX
 
 PROMPT = [{"role": "user", "content": "List the largest cities of Europe as JSON, with their country and population."}]
 SCHEMA = {

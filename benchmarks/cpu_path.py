@@ -1,5 +1,5 @@
 """The CPU path: the demo model's prefill and decode tokens/s with MLX's bundled BLAS vs the one
-pool.blas preloads, quantized vs dequantized to float32, plus a float32 matmul's GFLOPS.
+omlx_site.blas preloads, quantized vs dequantized to float32, plus a float32 matmul's GFLOPS.
 
 Each variant runs in a fresh subprocess (the BLAS is chosen before MLX is imported, once per
 process) and loads the model the way the server does (pool.engines.loading.load_weights, with
@@ -18,6 +18,10 @@ import time
 from pathlib import Path
 
 from _models import demo_model
+import omlx_site.blas
+from omlx_site.process import setup_process
+
+setup_process()   # the BLAS and malloc settings, before anything imports MLX
 
 TEXT = ("The lighthouse keeper climbed the spiral stairs each evening, counting the steps, trimming the wick "
         "and writing the weather in a small book that nobody else would ever read. ")
@@ -61,7 +65,7 @@ def worker(model_dir: str, prompt_tokens: int, tokens: int) -> dict:
 
     run(ids[:16], 2)   # warm-up
     prefill, decode = run(ids, tokens)
-    return {"blas": pool.blas.state["blas"], "dequantized": bool(config.get("dequantized")),
+    return {"blas": omlx_site.blas.state["blas"], "dequantized": bool(config.get("dequantized")),
             "gflops": gflops, "load_s": load_s, "active_mb": active / 1e6, "prefill": prefill, "decode": decode}
 
 

@@ -15,6 +15,9 @@ from pathlib import Path
 
 from _models import demo_model
 from _servers import start_mlx_lm, start_omlx
+from omlx_site.process import setup_process
+
+setup_process()   # the BLAS and malloc settings, before anything imports MLX
 
 STORY = ("The old lighthouse keeper climbed the spiral stairs each evening, counting the steps, "
          "watching the ships pass the rocks below and writing their names in a worn blue ledger. ")

@@ -14,6 +14,9 @@ from pathlib import Path
 import httpx
 from _models import demo_model
 from _servers import start_omlx
+from omlx_site.process import setup_process
+
+setup_process()   # the BLAS and malloc settings, before anything imports MLX
 
 STORY = "The old lighthouse keeper counted the steps and wrote the ships' names in a blue ledger. "
 

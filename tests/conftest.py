@@ -1,5 +1,6 @@
-"""Shared fixtures: the demo model converted once, fixture models built once, and real Daphne
-servers started on free ports, each with its own OMLX_HOME."""
+"""Shared fixtures: the demo model converted once, fixture models built once, and servers each with
+its own OMLX_HOME: real Daphne processes on free ports (start_server, module_server) for what needs a
+process, and the ASGI application in this process (start_asgi_server, module_asgi_server) for the rest."""
 
 import fcntl
 import json
@@ -24,6 +25,10 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # settings.py creates OMLX_HOME and its database on import: keep tests out of ~/.omlx-site.
 os.environ.setdefault("OMLX_HOME", tempfile.mkdtemp(prefix="omlx-test-home-"))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omlx_site.settings")
+
+from omlx_site.process import setup_process  # noqa: E402
+
+setup_process()   # as every entry point does: the BLAS and malloc settings, before anything imports MLX
 
 import django  # noqa: E402
 
@@ -107,7 +112,54 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Server:
+class ServerCalls:
+    """What tests call on a server, a Daphne subprocess (Server) or this process's ASGI application
+    (tests/inprocess.py): the helpers built on `get` and `post`."""
+
+    url: str
+    env: dict
+
+    @property
+    def headers(self) -> dict:
+        key = self.env.get("OMLX_API_KEY")
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def pool(self) -> dict:
+        return self.get("/api/pool").json()
+
+    def model(self, model_id: str) -> dict:
+        return next(m for m in self.pool()["models"] if m["id"] == model_id)
+
+    def chat(self, model: str, **body) -> httpx.Response:
+        """A short chat completion (2 tokens unless the body says otherwise)."""
+        return self.post("/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "hi"}],
+                                                  "max_tokens": 2, **body})
+
+    def states(self) -> dict:
+        return {m["id"]: m["state"] for m in self.pool()["models"]}
+
+    def events(self, **params) -> list[dict]:
+        return self.get("/api/evictions", params=params).json()["events"]
+
+    def stream(self, model: str) -> "BackgroundStream":
+        """A long streaming completion, running and loaded, held open until closed or aborted."""
+        stream = BackgroundStream(self, model)
+        self.wait_for(lambda: self.model(model)["active_requests"] >= 1 and self.model(model)["state"] == "loaded")
+        return stream
+
+    def wait_for(self, predicate, timeout: float = 30, interval: float = 0.1):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(interval)
+        raise AssertionError(f"timed out waiting; pool: {json.dumps(self.pool(), indent=1)[:3000]}")
+
+
+class Server(ServerCalls):
+    """A real `manage.py serve` on a free port."""
+
     def __init__(self, home: Path, port: int, env: dict):
         self.home, self.port, self.env = home, port, env
         self.url = f"http://127.0.0.1:{port}"
@@ -151,10 +203,22 @@ class Server:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    @property
-    def headers(self) -> dict:
-        key = self.env.get("OMLX_API_KEY")
-        return {"Authorization": f"Bearer {key}"} if key else {}
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def http(self, **kw) -> httpx.Client:
+        """A new client for this server (the caller closes it); base_url is the server's."""
+        return httpx.Client(base_url=self.url, **kw)
+
+    def fetch(self, method: str, path: str, **kw) -> httpx.Response:
+        """One request, without the server's key (httpx.request's arguments)."""
+        return httpx.request(method, self.url + path, **kw)
+
+    @contextmanager
+    def stream_request(self, method: str, path: str, **kw):
+        """httpx.stream against this server, without its key."""
+        with httpx.stream(method, self.url + path, **kw) as response:
+            yield response
 
     def get(self, path: str, **kw) -> httpx.Response:
         return httpx.get(self.url + path, headers={**self.headers, **kw.pop("headers", {})}, timeout=120, **kw)
@@ -169,50 +233,23 @@ class Server:
         kw.setdefault("max_retries", 0)
         return OpenAI(base_url=self.url + "/v1", api_key=self.env.get("OMLX_API_KEY") or "none", timeout=120, **kw)
 
-    def pool(self) -> dict:
-        return self.get("/api/pool").json()
-
-    def model(self, model_id: str) -> dict:
-        return next(m for m in self.pool()["models"] if m["id"] == model_id)
-
-    def chat(self, model: str, **body) -> httpx.Response:
-        """A short chat completion (2 tokens unless the body says otherwise)."""
-        return self.post("/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "hi"}],
-                                                  "max_tokens": 2, **body})
-
-    def states(self) -> dict:
-        return {m["id"]: m["state"] for m in self.pool()["models"]}
-
-    def events(self, **params) -> list[dict]:
-        return self.get("/api/evictions", params=params).json()["events"]
-
-    def stream(self, model: str) -> "BackgroundStream":
-        """A long streaming completion, running and loaded, held open until closed or aborted."""
-        stream = BackgroundStream(self, model)
-        self.wait_for(lambda: self.model(model)["active_requests"] >= 1 and self.model(model)["state"] == "loaded")
-        return stream
-
-    def wait_for(self, predicate, timeout: float = 30, interval: float = 0.1):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(interval)
-        raise AssertionError(f"timed out waiting; pool: {json.dumps(self.pool(), indent=1)[:3000]}")
+    def anthropic(self, **kw):
+        from anthropic import Anthropic
+        kw.setdefault("api_key", self.env.get("OMLX_API_KEY") or "none")
+        kw.setdefault("max_retries", 0)
+        return Anthropic(base_url=self.url, timeout=120, **kw)
 
 
 class BackgroundStream:
-    def __init__(self, server: Server, model: str):
+    def __init__(self, server: ServerCalls, model: str):
         self.lines: list[str] = []
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(server, model), daemon=True)
         self._thread.start()
 
-    def _run(self, server: Server, model: str) -> None:
+    def _run(self, server: ServerCalls, model: str) -> None:
         body = {"model": model, "prompt": "x", "max_tokens": 8000, "stream": True}   # fits the 8192 context
-        with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=server.headers,
-                          timeout=60) as r:
+        with server.stream_request("POST", "/v1/completions", json=body, headers=server.headers, timeout=60) as r:
             for line in r.iter_lines():
                 self.lines.append(line)
                 if self._closing.is_set():
@@ -277,6 +314,44 @@ def module_server(tmp_path_factory, migrated_db):
     codes = [(server.stop(), server) for server in servers]
     for code, server in codes:
         assert code == 0, server.log_text()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def module_asgi_server(tmp_path_factory, migrated_db):
+    """module_asgi_server(models, **env) -> module_server's Server, served by the ASGI application in
+    this process (tests/inprocess.py): for tests that need no process boundary. It must stop cleanly
+    after them."""
+    from tests.inprocess import InProcessServer
+
+    servers: list = []
+
+    def start(models: dict, **env):
+        servers.append(InProcessServer(tmp_path_factory.mktemp("home"), migrated_db, models, env).start())
+        return servers[-1]
+
+    yield start
+    codes = [(server.stop(), server) for server in reversed(servers)]
+    for code, server in codes:
+        assert code == 0, server.log_text()[-3000:]
+
+
+@pytest.fixture
+def start_asgi_server(tmp_path, migrated_db, demo_model_dir):
+    """start_asgi_server(models={"name": folder}, demo=True, **env) -> start_server's Server, served in
+    this process; starting one suspends the in-process server that was active."""
+    from tests.inprocess import InProcessServer
+
+    servers: list = []
+
+    def start(models: dict | None = None, *, demo: bool = True, **env):
+        links = {DEMO: demo_model_dir} if demo else {}
+        links.update(models or {})
+        servers.append(InProcessServer(tmp_path / f"asgi-home{len(servers)}", migrated_db, links, env).start())
+        return servers[-1]
+
+    yield start
+    for server in reversed(servers):
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
-"""Access, as an attacker would try it: the rules as tables of cases, then each rule against a real
-`manage.py serve` process with httpx (a foreign Host, an evil Origin riding a staff session, form
-posts, missing, wrong, misplaced and Basic keys, a non-loopback bind without a key, slow clients,
-secrets in the log)."""
+"""Access, as an attacker would try it: the rules as tables of cases, then each rule with httpx
+against the ASGI application in this process (a foreign Host, an evil Origin riding a staff session,
+form posts, missing, wrong, misplaced and Basic keys, the websocket's key and Origin), and against a
+real `manage.py serve` process where only a process shows it (a non-loopback bind without a key,
+slow clients, secrets in the log)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ import httpx
 import pytest
 
 from pool.api.auth import AGGREGATE, FULL, api_allowed, metrics_view, needs_csrf_check
-from pool.api.inflight import closing_messages
 from pool.api.public_metrics import without_model_ids
 from pool.api.route import is_json
+from omlx_site.inflight import closing_messages
 from pool.network import allowed_hosts, host_pattern, is_loopback, machine_names
-from tests.conftest import ROOT, Server, free_port
+from tests.conftest import ROOT, Server, ServerCalls, free_port
 
 KEY = "k3y-Zq9-access-test"
 TINY = "tiny"
@@ -131,7 +132,7 @@ def test_without_model_ids():
     assert "secret" not in out and "memory_usage_bytes 5.0" in out and 'evictions_total{reason="lru"} 1.0' in out
 
 
-# ---- through a real server ----------------------------------------------------------------------
+# ---- through the application ---------------------------------------------------------------------
 
 def _basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
@@ -157,12 +158,12 @@ ROUTES = [("GET", "/v1/models", None),
 
 
 @pytest.fixture(scope="module")
-def keyed(module_server, make_model):
-    return module_server({TINY: make_model("tiny-20", 20)}, OMLX_API_KEY=KEY)
+def keyed(module_asgi_server, make_model):
+    return module_asgi_server({TINY: make_model("tiny-20", 20)}, OMLX_API_KEY=KEY)
 
 
-def _call(server: Server, method: str, path: str, body, headers: dict, query: str = "") -> httpx.Response:
-    return httpx.request(method, server.url + path + query, json=body, headers=headers, timeout=60)
+def _call(server: ServerCalls, method: str, path: str, body, headers: dict, query: str = "") -> httpx.Response:
+    return server.fetch(method, path + query, json=body, headers=headers, timeout=60)
 
 
 def test_with_a_key_every_route_refuses_every_wrong_way_to_send_it(keyed):
@@ -174,21 +175,21 @@ def test_with_a_key_every_route_refuses_every_wrong_way_to_send_it(keyed):
         for headers in ({"Authorization": f"Bearer {KEY}"}, {"x-api-key": KEY}):
             r = _call(keyed, method, path, body, headers)
             assert r.status_code == 200, (method, path, headers, r.text)
-    assert httpx.get(keyed.url + "/health", timeout=10).status_code == 200   # health checks need no key
-    admin = httpx.get(keyed.url + "/admin/", headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
+    assert keyed.fetch("GET", "/health", timeout=10).status_code == 200   # health checks need no key
+    admin = keyed.fetch("GET", "/admin/", headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
     assert admin.status_code == 302 and admin.headers["location"].startswith("/admin/login/")
 
 
-def test_metrics_need_the_key_unless_public_and_then_name_no_model(start_server, make_model):
+def test_metrics_need_the_key_unless_public_and_then_name_no_model(start_asgi_server, make_model):
     tiny = {TINY: make_model("tiny-20", 20)}
-    closed = start_server(tiny, demo=False, OMLX_API_KEY=KEY)
+    closed = start_asgi_server(tiny, demo=False, OMLX_API_KEY=KEY)
     assert closed.chat(TINY).status_code == 200   # a per-model series exists
-    assert httpx.get(closed.url + "/metrics", timeout=10).status_code == 401
+    assert closed.fetch("GET", "/metrics", timeout=10).status_code == 401
     assert f'model="{TINY}"' in closed.get("/metrics").text
 
-    public = start_server(tiny, demo=False, OMLX_API_KEY=KEY, OMLX_METRICS_PUBLIC="1")
+    public = start_asgi_server(tiny, demo=False, OMLX_API_KEY=KEY, OMLX_METRICS_PUBLIC="1")
     assert public.chat(TINY).status_code == 200
-    anonymous = httpx.get(public.url + "/metrics", timeout=10)
+    anonymous = public.fetch("GET", "/metrics", timeout=10)
     assert anonymous.status_code == 200 and "memory_usage_bytes" in anonymous.text
     assert TINY not in anonymous.text and "model=" not in anonymous.text
     assert f'model="{TINY}"' in public.get("/metrics").text
@@ -206,21 +207,26 @@ def test_a_foreign_host_is_refused_with_the_envelope(keyed, path):
         assert keyed.get(path, headers={"Host": host}).status_code in (200, 404), host
 
 
-def test_a_foreign_host_gets_a_page_off_the_api_and_named_hosts_are_let_in(start_server, make_model):
-    server = start_server({TINY: make_model("tiny-20", 20)}, demo=False, OMLX_ALLOWED_HOSTS="my.box, .lan.example")
-    page = httpx.get(server.url + "/", headers={"Host": "evil.example"}, timeout=10)
+def test_a_foreign_host_gets_a_page_off_the_api_and_named_hosts_are_let_in(start_asgi_server, make_model):
+    server = start_asgi_server({TINY: make_model("tiny-20", 20)}, demo=False,
+                               OMLX_ALLOWED_HOSTS="my.box, .lan.example")
+    page = server.fetch("GET", "/", headers={"Host": "evil.example"}, timeout=10)
     assert page.status_code == 400 and page.headers["content-type"].startswith("text/html")
     for host in ("my.box", "gpu.lan.example", "lan.example"):
         assert server.get("/api/pool", headers={"Host": host}).status_code == 200, host
     assert server.get("/api/pool", headers={"Host": "my.box.evil.example"}).status_code == 400
 
 
-def _login(server: Server, username="admin", password="pw-Access-1") -> httpx.Client:
-    """A browser with a staff session: the user made by createsuperuser, logged in through the admin."""
-    env = {**server.env, "DJANGO_SUPERUSER_PASSWORD": password}
-    subprocess.run([sys.executable, "manage.py", "createsuperuser", "--noinput", "--username", username,
-                    "--email", "a@example.com"], cwd=ROOT, env=env, check=True, capture_output=True)
-    browser = httpx.Client(base_url=server.url, timeout=60)
+def _login(server: ServerCalls, username="admin", password="pw-Access-1") -> httpx.Client:
+    """A browser with a staff session: a superuser in the server's database (the one this process's
+    ORM uses while the server is active), logged in through the admin."""
+    from django.contrib.auth.models import User
+    from django.db import connections
+
+    server.get("/health")     # active: its database is the ORM's
+    User.objects.create_superuser(username, "a@example.com", password)
+    connections.close_all()
+    browser = server.http(timeout=60)
     form = browser.get("/admin/login/")
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text)[1]
     done = browser.post("/admin/login/?next=/admin/", data={"username": username, "password": password,
@@ -269,25 +275,25 @@ FORMS = {   # what a page on another site can send without a CORS preflight
 
 
 @pytest.mark.parametrize("form", FORMS)
-def test_state_changing_calls_take_only_json(start_server, make_model, form):
-    server = start_server({TINY: make_model("tiny-20", 20)}, demo=False)
+def test_state_changing_calls_take_only_json(start_asgi_server, make_model, form):
+    server = start_asgi_server({TINY: make_model("tiny-20", 20)}, demo=False)
     for path, body in ((f"/api/models/{TINY}/load", b'{"x": 1}'),
                        (f"/admin/model/{TINY}/settings", b'{"is_pinned": true}'),
                        ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}]}'),
                        ("/v1/completions", b'{"model": "tiny", "prompt": "x"}')):
-        r = httpx.post(server.url + path, timeout=30, **FORMS[form](body))
+        r = server.fetch("POST", path, timeout=30, **FORMS[form](body))
         assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_media_type", (path, r.text)
     assert server.model(TINY)["state"] == "unloaded" and server.model(TINY)["pinned"] is False
 
 
-def test_without_a_key_a_cross_site_page_cannot_drive_the_loopback_server(start_server, make_model):
+def test_without_a_key_a_cross_site_page_cannot_drive_the_loopback_server(start_asgi_server, make_model):
     """No key and no cookie: the browser's Origin alone marks the request, and it must match."""
-    server = start_server({TINY: make_model("tiny-20", 20)}, demo=False)
-    r = httpx.post(server.url + f"/admin/model/{TINY}/settings", json={"is_pinned": True},
-                   headers={"Origin": "http://evil.example"}, timeout=30)
+    server = start_asgi_server({TINY: make_model("tiny-20", 20)}, demo=False)
+    r = server.fetch("POST", f"/admin/model/{TINY}/settings", json={"is_pinned": True},
+                     headers={"Origin": "http://evil.example"}, timeout=30)
     assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed"
-    r = httpx.post(server.url + "/v1/chat/completions", headers={"Origin": "http://evil.example"}, timeout=30,
-                   json={"model": TINY, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
+    r = server.fetch("POST", "/v1/chat/completions", headers={"Origin": "http://evil.example"}, timeout=30,
+                     json={"model": TINY, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 403
     assert server.model(TINY)["pinned"] is False and server.model(TINY)["state"] == "unloaded"
     assert server.post(f"/admin/model/{TINY}/settings", {"is_pinned": True}).status_code == 200   # curl, a script
@@ -312,15 +318,15 @@ def _websocket_status(server: Server, *, origin: str | None, headers: dict | Non
 
 def test_the_websocket_takes_the_key_and_still_checks_the_origin(keyed):
     here = f"http://127.0.0.1:{keyed.port}"
-    assert _websocket_status(keyed, origin=here) == 403
-    assert _websocket_status(keyed, origin=here, headers={"Authorization": "Bearer nope"}) == 403
-    assert _websocket_status(keyed, origin=here, headers={"Authorization": f"Bearer {KEY}"}) == 101
-    assert _websocket_status(keyed, origin=here, headers={"x-api-key": KEY}) == 101
+    assert keyed.websocket_status(origin=here) == 403
+    assert keyed.websocket_status(origin=here, headers={"Authorization": "Bearer nope"}) == 403
+    assert keyed.websocket_status(origin=here, headers={"Authorization": f"Bearer {KEY}"}) == 101
+    assert keyed.websocket_status(origin=here, headers={"x-api-key": KEY}) == 101
     for origin in ("http://evil.example", "null", None):
-        assert _websocket_status(keyed, origin=origin, headers={"x-api-key": KEY}) == 403, origin
+        assert keyed.websocket_status(origin=origin, headers={"x-api-key": KEY}) == 403, origin
 
 
-# ---- binding ------------------------------------------------------------------------------------
+# ---- binding (a `manage.py serve` process: the serve command and its listening socket) -------------
 
 def _env(server_env: dict, **extra) -> dict:
     return {**{k: v for k, v in server_env.items() if k != "OMLX_API_KEY"}, **extra}
@@ -395,7 +401,7 @@ def _health(url: str) -> bool:
         return False
 
 
-# ---- slow and silent clients -----------------------------------------------------------------------
+# ---- slow and silent clients (a `manage.py serve` process: the timeouts are Twisted's, per connection) ----
 
 def _watch(sock: socket.socket, seconds: float, trickle: bytes = b"") -> tuple[float | None, bytes]:
     """Read (and send `trickle` a byte every 0.3 s) until the server closes or `seconds` pass:
@@ -452,7 +458,7 @@ def test_slow_headers_and_silent_connections_are_closed_but_streams_are_not(star
         assert server.model(TINY)["active_requests"] == 1
 
 
-# ---- logs -----------------------------------------------------------------------------------------
+# ---- logs (a `manage.py serve` process: everything the process writes, Daphne's own lines included) --
 
 def test_no_key_prompt_or_completion_text_in_the_log(start_server, make_model):
     keyed = start_server({TINY: make_model("tiny-20", 20)}, demo=False, OMLX_API_KEY=KEY)   # its own log

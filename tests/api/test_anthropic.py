@@ -1,5 +1,5 @@
 """Anthropic's Messages API: the body -> spec translation and the answer's shapes as tables of
-cases, then the routes through a real server with the official `anthropic` client."""
+cases, then the routes through the ASGI application in this process with the official `anthropic` client."""
 
 import json
 import threading
@@ -325,17 +325,17 @@ def test_given_keys(headers, keys):
     assert given_keys(httpx.Headers(headers)) == keys
 
 
-# ---- through a real server ----------------------------------------------------------------------
+# ---- through the application ---------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def server(module_server, demo_model_dir):
+def server(module_asgi_server, demo_model_dir):
     """The demo model behind an API key; one running request per model and one waiting, so a third is
     refused at once (the 529 test)."""
-    return module_server({DEMO: demo_model_dir}, OMLX_API_KEY=KEY, OMLX_MAX_CONCURRENT=1, OMLX_QUEUE_PER_MODEL=1)
+    return module_asgi_server({DEMO: demo_model_dir}, OMLX_API_KEY=KEY, OMLX_MAX_CONCURRENT=1, OMLX_QUEUE_PER_MODEL=1)
 
 
 def client(server, key=KEY, **kw) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.url, api_key=key, max_retries=0, timeout=120, **kw)
+    return server.anthropic(api_key=key, **kw)
 
 
 def test_text_answer(server):
@@ -387,8 +387,8 @@ def _sse_events(response: httpx.Response) -> list[tuple[str, dict]]:
 
 def test_streaming_event_order(server):
     body = {"model": DEMO, "max_tokens": 16, "temperature": 0, "messages": QUESTION, "stream": True}
-    with httpx.stream("POST", server.url + "/v1/messages", json=body, timeout=120,
-                      headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"}) as r:
+    with server.stream_request("POST", "/v1/messages", json=body, timeout=120,
+                               headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"}) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         seen = _sse_events(r)
     names = [n for n, _ in seen]
@@ -426,10 +426,10 @@ def test_errors_in_anthropics_envelope(server):
         c.messages.count_tokens(model="no-such-model", messages=QUESTION)
 
     headers = {"x-api-key": KEY}
-    raw = [httpx.post(server.url + "/v1/messages", content=b"{nope", headers=headers),
-           httpx.post(server.url + "/v1/messages", json={"model": DEMO, "messages": QUESTION}, headers=headers),
-           httpx.get(server.url + "/v1/messages", headers=headers),
-           httpx.post(server.url + "/v1/messages/nope", json={}, headers=headers)]
+    raw = [server.fetch("POST", "/v1/messages", content=b"{nope", headers=headers),
+           server.fetch("POST", "/v1/messages", json={"model": DEMO, "messages": QUESTION}, headers=headers),
+           server.fetch("GET", "/v1/messages", headers=headers),
+           server.fetch("POST", "/v1/messages/nope", json={}, headers=headers)]
     assert [(r.status_code, r.json()["error"]["type"]) for r in raw] == [
         (400, "invalid_request_error"), (400, "invalid_request_error"), (405, "invalid_request_error"),
         (404, "not_found_error")]
@@ -438,11 +438,11 @@ def test_errors_in_anthropics_envelope(server):
 
 
 def test_either_key_header_opens_every_api_route(server):
-    assert httpx.get(server.url + "/v1/models", headers={"x-api-key": KEY}).status_code == 200
-    assert httpx.get(server.url + "/api/pool", headers={"x-api-key": KEY}).status_code == 200
-    assert httpx.get(server.url + "/v1/models", headers={"x-api-key": "wrong"}).status_code == 401
+    assert server.fetch("GET", "/v1/models", headers={"x-api-key": KEY}).status_code == 200
+    assert server.fetch("GET", "/api/pool", headers={"x-api-key": KEY}).status_code == 200
+    assert server.fetch("GET", "/v1/models", headers={"x-api-key": "wrong"}).status_code == 401
     body = {"model": DEMO, "max_tokens": 2, "messages": QUESTION}
-    assert httpx.post(server.url + "/v1/messages", json=body, headers=server.headers, timeout=120).status_code == 200
+    assert server.fetch("POST", "/v1/messages", json=body, headers=server.headers, timeout=120).status_code == 200
     assert client(server, key=None, auth_token=KEY).messages.create(**body).usage.output_tokens > 0
 
 
@@ -478,7 +478,7 @@ def test_a_body_too_large_is_a_413():
     assert envelope(e.value, ANTHROPIC)["error"]["type"] == "request_too_large"
 
 
-# ---- tools through the server (needs serving's tool wiring: pool/tools.prepare_messages and the
+# ---- tools through the application (needs serving's tool wiring: pool/tools.prepare_messages and the
 # tool-call constraint for a forced choice) ----------------------------------------------------------
 
 WEATHER_ASK = [{"role": "user", "content": "What is the weather in Paris?"}]

@@ -1,5 +1,5 @@
-"""POST /v1/embeddings: the body's shapes parsed (tables), then through a real Daphne server with the
-official openai client and plain HTTP, on the real all-MiniLM-L6-v2."""
+"""POST /v1/embeddings: the body's shapes parsed (tables), then through the ASGI application in this
+process with the official openai client and plain HTTP, on the real all-MiniLM-L6-v2."""
 
 from __future__ import annotations
 
@@ -81,9 +81,9 @@ def test_base64_is_little_endian_float32():
 # ---- through the server ------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def server(module_server, demo_model_dir, minilm_dir):
+def server(module_asgi_server, demo_model_dir, minilm_dir):
     """The demo chat model and MiniLM, at most one of them loaded at a time."""
-    return module_server({DEMO: demo_model_dir, MINILM: minilm_dir}, OMLX_MAX_LOADED_MODELS=1)
+    return module_asgi_server({DEMO: demo_model_dir, MINILM: minilm_dir}, OMLX_MAX_LOADED_MODELS=1)
 
 
 SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.",

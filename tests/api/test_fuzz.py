@@ -1,5 +1,5 @@
-"""Fuzzed request bodies for every JSON route, through one real server (the demo model, MiniLM and a
-tiny fixture model): each body gets a 200 or a 4xx in the route's error envelope (OpenAI's, or
+"""Fuzzed request bodies for every JSON route, through the ASGI application in this process (the demo
+model, MiniLM and a tiny fixture model): each body gets a 200 or a 4xx in the route's error envelope (OpenAI's, or
 Anthropic's on /v1/messages*), within a bounded time, and the server stays up with a snapshot that
 browsers can parse. Hypothesis draws the bodies from a fixed seed (derandomize) and a bounded count,
 so a run is the same every time; findings are collected and reported together, with their bodies."""
@@ -277,8 +277,8 @@ def bodies(base: dict, fields: dict) -> st.SearchStrategy:
 # ---- the server and the probe -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def server(module_server, demo_model_dir, make_model, minilm_dir):
-    s = module_server({DEMO: demo_model_dir, TINY: make_model("tiny-20", 20), MINILM: minilm_dir})
+def server(module_asgi_server, demo_model_dir, make_model, minilm_dir):
+    s = module_asgi_server({DEMO: demo_model_dir, TINY: make_model("tiny-20", 20), MINILM: minilm_dir})
     # a body without max_tokens takes the model's default: keep it small too
     assert s.post(f"/admin/model/{DEMO}/settings", {"max_tokens": SMALL_MAX_TOKENS}).status_code == 200
     return s
@@ -298,8 +298,8 @@ class Finding:
 def answer(server, path: str, payload: bytes, content_type="application/json") -> tuple[int, str, bytes]:
     """POST a raw body; the whole answer, streamed or not, within SECONDS_PER_REQUEST (else TimeoutError)."""
     deadline = time.monotonic() + SECONDS_PER_REQUEST
-    with httpx.stream("POST", server.url + path, content=payload, timeout=SECONDS_PER_REQUEST,
-                      headers={**server.headers, "Content-Type": content_type}) as r:
+    with server.stream_request("POST", path, content=payload, timeout=SECONDS_PER_REQUEST,
+                               headers={**server.headers, "Content-Type": content_type}) as r:
         chunks = []
         for chunk in r.iter_bytes():
             chunks.append(chunk)
@@ -319,14 +319,14 @@ def probe(server, path: str, payload: bytes, style: str, *, snapshot: bool = Tru
     problem = answer_problem(style, status, content_type, raw)
     if problem:
         return problem
-    if server.proc.poll() is not None:
+    if not server.alive():
         return "the server died"
     return snapshot_problem(server) if snapshot else None
 
 
 def snapshot_problem(server) -> str | None:
     """A value a body left in the pool (keep_alive, a setting) must not break browsers' JSON.parse."""
-    snapshot = httpx.get(server.url + "/api/pool", headers=server.headers, timeout=10)
+    snapshot = server.fetch("GET", "/api/pool", headers=server.headers, timeout=10)
     try:
         loads_strict(snapshot.text)
     except ValueError as e:

@@ -1,4 +1,4 @@
-"""Request limits through a real server: the model's context caps prompt + max_tokens (OpenAI's and
+"""Request limits through the ASGI application in this process: the model's context caps prompt + max_tokens (OpenAI's and
 Anthropic's 400s), a prompt too large is refused before it is tokenised and leaves no resident
 memory behind, the documented count and length limits, SSE keep-alives during a long prefill, and
 error messages that name the right thing (no chat template for a completion prompt, no absolute
@@ -51,9 +51,9 @@ def _broken_model(folder, demo_model_dir):
 
 
 @pytest.fixture(scope="module")
-def server(module_server, tmp_path_factory, demo_model_dir):
+def server(module_asgi_server, tmp_path_factory, demo_model_dir):
     made = tmp_path_factory.mktemp("limits-models")
-    return module_server({DEMO: demo_model_dir, CTX: _ctx_model(made / CTX, demo_model_dir, 256),
+    return module_asgi_server({DEMO: demo_model_dir, CTX: _ctx_model(made / CTX, demo_model_dir, 256),
                           BROKEN: _broken_model(made / BROKEN, demo_model_dir)}, OMLX_SSE_KEEPALIVE="0.2")
 
 
@@ -110,7 +110,7 @@ def test_without_max_tokens_generation_stops_at_the_context(server):
 
 
 def test_anthropic_context_errors_in_anthropics_words(server):
-    c = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=120)
+    c = server.anthropic()
     with pytest.raises(anthropic.BadRequestError) as e:
         c.messages.create(model=CTX, max_tokens=4, messages=[{"role": "user", "content": _words(600)}])
     assert e.value.body["error"]["type"] == "invalid_request_error"
@@ -124,7 +124,8 @@ def test_anthropic_context_errors_in_anthropics_words(server):
 
 # ---- size before tokenising, and the memory a refusal leaves ---------------------------------------
 
-def test_a_10mb_prompt_is_refused_before_tokenising_and_leaves_no_resident_memory(server):
+def test_a_10mb_prompt_is_refused_before_tokenising_and_leaves_no_resident_memory(start_server):
+    server = start_server()   # a Daphne process: the test measures the server's resident memory
     process = psutil.Process(server.proc.pid)
     assert server.chat(DEMO).status_code == 200       # the model loaded and warm
     big = "hello world " * (10 * 2**20 // 12)
@@ -192,7 +193,7 @@ def _long_prompt() -> str:
 def test_openai_stream_sends_comments_until_the_first_token(server):
     body = {"model": DEMO, "messages": [{"role": "user", "content": _long_prompt()}], "max_tokens": 3,
             "stream": True, "cache_prompt": False}
-    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=120) as r:
+    with server.stream_request("POST", "/v1/chat/completions", json=body, timeout=120) as r:
         assert r.status_code == 200
         lines = [line for line in r.iter_lines() if line]
     first_text = next(i for i, line in enumerate(lines) if '"content": "' in line and '"content": ""' not in line)
@@ -209,7 +210,7 @@ def test_openai_stream_sends_comments_until_the_first_token(server):
 
 def test_completions_stream_sends_comments_too(server):
     body = {"model": DEMO, "prompt": _long_prompt(), "max_tokens": 2, "stream": True}
-    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as r:
+    with server.stream_request("POST", "/v1/completions", json=body, timeout=120) as r:
         lines = [line for line in r.iter_lines() if line]
     assert ": keep-alive" in lines and lines.index(": keep-alive") < next(
         i for i, line in enumerate(lines) if line.startswith("data: {"))
@@ -217,13 +218,13 @@ def test_completions_stream_sends_comments_too(server):
 
 def test_anthropic_stream_sends_pings_until_the_first_token(server):
     body = {"model": DEMO, "max_tokens": 3, "stream": True, "messages": [{"role": "user", "content": _long_prompt()}]}
-    with httpx.stream("POST", server.url + "/v1/messages", json=body, timeout=120) as r:
+    with server.stream_request("POST", "/v1/messages", json=body, timeout=120) as r:
         events = [line.removeprefix("event: ") for line in r.iter_lines() if line.startswith("event: ")]
     assert events[0] == "message_start"
     assert events[1] == "ping" and events[2] == "ping", events[:6]
     assert events[-1] == "message_stop"
     # the SDK's stream reader skips them
-    c = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=120)
+    c = server.anthropic()
     with c.messages.stream(model=DEMO, max_tokens=3, messages=[{"role": "user", "content": _long_prompt()}]) as s:
         final = s.get_final_message()
     assert final.usage.output_tokens > 0

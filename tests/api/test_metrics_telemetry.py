@@ -1,10 +1,9 @@
-"""/metrics and /api/telemetry through a real server: the metric families after a request, the
+"""/metrics and /api/telemetry through the ASGI application in this process: the metric families after a request, the
 enforcer's ticks as a time series, parameter errors, and who may read what."""
 
 import json
 import sqlite3
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import DEMO
@@ -20,19 +19,19 @@ def ask(server):
 
 def scrape(server) -> dict[tuple[str, tuple], float]:
     """{(sample name, sorted labels): value} from /metrics, parsed as Prometheus text."""
-    response = httpx.get(server.url + "/metrics", timeout=30)   # no key, like /health
+    response = server.fetch("GET", "/metrics", timeout=30)   # no key, like /health
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(response.text) for s in family.samples}
 
 
-def telemetry(server, **params) -> httpx.Response:
+def telemetry(server, **params):
     return server.get("/api/telemetry", params=params)
 
 
-def test_metrics_and_telemetry_after_a_request(start_server):
-    server = start_server()
+def test_metrics_and_telemetry_after_a_request(start_asgi_server):
+    server = start_asgi_server()
     ask(server)
 
     metrics = scrape(server)
@@ -81,8 +80,8 @@ def test_metrics_and_telemetry_after_a_request(start_server):
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-def test_unload_counts_an_eviction(start_server):
-    server = start_server()
+def test_unload_counts_an_eviction(start_asgi_server):
+    server = start_asgi_server()
     ask(server)
     assert server.post(f"/api/models/{DEMO}/unload", {}).status_code == 200
     server.wait_for(lambda: scrape(server).get(("evictions_total", (("reason", "manual"),))) == 1)
@@ -92,8 +91,8 @@ def test_unload_counts_an_eviction(start_server):
     assert metrics[("model_loads_total", ())] == 1
 
 
-def test_bad_parameters_are_named(start_server):
-    server = start_server()
+def test_bad_parameters_are_named(start_asgi_server):
+    server = start_asgi_server()
     for params, param in (({"since": "abc"}, "since"), ({"step": "0"}, "step"), ({"step": "x"}, "step"),
                           ({"until": "nan"}, "until"), ({"since": "inf"}, "since")):
         response = telemetry(server, **params)
@@ -104,18 +103,18 @@ def test_bad_parameters_are_named(start_server):
     assert server.post("/api/telemetry", {}).status_code == 405
 
 
-def test_metrics_and_telemetry_need_the_key(start_server):
-    server = start_server(OMLX_API_KEY="sekret")
-    refused = httpx.get(server.url + "/metrics", timeout=30)
+def test_metrics_and_telemetry_need_the_key(start_asgi_server):
+    server = start_asgi_server(OMLX_API_KEY="sekret")
+    refused = server.fetch("GET", "/metrics", timeout=30)
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
     assert server.get("/metrics").status_code == 200
-    refused = httpx.get(server.url + "/api/telemetry", timeout=30)
+    refused = server.fetch("GET", "/api/telemetry", timeout=30)
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
     assert telemetry(server).status_code == 200
 
 
-def test_pressure_and_admission_rejections(start_server):
-    server = start_server(OMLX_MEMORY_PROBE="fake", OMLX_MEMORY_CEILING="10GB", OMLX_ADMISSION_WAIT="1")
+def test_pressure_and_admission_rejections(start_asgi_server):
+    server = start_asgi_server(OMLX_MEMORY_PROBE="fake", OMLX_MEMORY_CEILING="10GB", OMLX_ADMISSION_WAIT="1")
     (server.home / "fake_probe.json").write_text(json.dumps({"rss": 9.2e9, "cache": 0}))   # over the soft line
     assert server.post("/api/enforcer/tick", {}).json()["level"] == "soft"
     refused = server.post("/v1/chat/completions", {"model": DEMO, "max_tokens": 3,

@@ -1,4 +1,4 @@
-"""Per-model concurrency through a real server: one request runs, one waits, the next is a 503 with
+"""Per-model concurrency through the ASGI application in this process: one request runs, one waits, the next is a 503 with
 Retry-After; a client that gives up while queued leaves the queue. The running request is a stream
 held open until the test closes it: how fast this machine generates changes nothing."""
 
@@ -10,8 +10,8 @@ import httpx
 from tests.conftest import DEMO
 
 
-def test_one_runs_one_waits_the_third_is_a_503_and_a_client_gone_leaves_the_queue(start_server):
-    server = start_server(OMLX_MAX_CONCURRENT=1, OMLX_QUEUE_PER_MODEL=1)
+def test_one_runs_one_waits_the_third_is_a_503_and_a_client_gone_leaves_the_queue(start_asgi_server):
+    server = start_asgi_server(OMLX_MAX_CONCURRENT=1, OMLX_QUEUE_PER_MODEL=1)
     assert server.chat(DEMO).status_code == 200           # loaded: the queue below forms without a load
     counts = lambda: (server.model(DEMO)["running"], server.model(DEMO)["queued"])  # noqa: E731
     results: dict[str, httpx.Response] = {}
@@ -27,9 +27,9 @@ def test_one_runs_one_waits_the_third_is_a_503_and_a_client_gone_leaves_the_queu
             seen.add(counts())
     watcher = threading.Thread(target=watch)
     watcher.start()
-    with httpx.Client(timeout=httpx.Timeout(60, read=3)) as gone:
+    with server.http(timeout=httpx.Timeout(60, read=3)) as gone:
         try:
-            gone.post(server.url + "/v1/completions", json={"model": DEMO, "prompt": "hi", "max_tokens": 2})
+            gone.post("/v1/completions", json={"model": DEMO, "prompt": "hi", "max_tokens": 2})
             raise AssertionError("the queued request was answered while the model was busy")
         except httpx.ReadTimeout:
             pass

@@ -1,9 +1,8 @@
-"""The OpenAI routes through a real Daphne server, with the official openai client and plain HTTP."""
+"""The OpenAI routes through the ASGI application in this process, with the official openai client and plain HTTP."""
 
 import threading
 import time
 
-import httpx
 import openai
 import pytest
 
@@ -13,8 +12,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def server(module_server, demo_model_dir, make_model):
-    return module_server({DEMO: demo_model_dir, "tiny": make_model("tiny-20", 20)})
+def server(module_asgi_server, demo_model_dir, make_model):
+    return module_asgi_server({DEMO: demo_model_dir, "tiny": make_model("tiny-20", 20)})
 
 
 def test_health_and_models(server):
@@ -116,8 +115,8 @@ def test_a_bad_seed_never_wedges_the_model(server):
     assert r.status_code == 200, r.text
 
 
-def test_answers_a_retry_cannot_change_tell_the_sdks_not_to_retry(start_server, make_model):
-    server = start_server({"big": make_model("api-big", 60)}, OMLX_MAX_MODEL_MEMORY="50MB")
+def test_answers_a_retry_cannot_change_tell_the_sdks_not_to_retry(start_asgi_server, make_model):
+    server = start_asgi_server({"big": make_model("api-big", 60)}, OMLX_MAX_MODEL_MEMORY="50MB")
     r = server.chat("big")
     assert r.status_code == 507 and r.headers["x-should-retry"] == "false"
     client = server.openai(max_retries=2)
@@ -172,9 +171,8 @@ def test_health_answers_while_generating(server):
 
 def test_disconnect_stops_generation(server):
     """A client that goes away mid-stream: the engine forgets the request."""
-    with httpx.stream("POST", server.url + "/v1/completions",
-                      json={"model": DEMO, "prompt": "Once upon a time", "max_tokens": 500, "stream": True},
-                      timeout=60) as r:
+    with server.stream_request("POST", "/v1/completions", timeout=60,
+                               json={"model": DEMO, "prompt": "Once upon a time", "max_tokens": 500, "stream": True}) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 assert server.model(DEMO)["active_requests"] == 1

@@ -1,4 +1,4 @@
-"""Sampling fields through a real server with the official openai client: logprobs in OpenAI's
+"""Sampling fields through the ASGI application in this process with the official openai client: logprobs in OpenAI's
 shapes (streamed too), n choices, logit_bias, the penalties, the fields' 400s, and the tool fields
 carried without breaking a request."""
 
@@ -12,8 +12,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def server(module_server, demo_model_dir):
-    return module_server({DEMO: demo_model_dir})
+def server(module_asgi_server, demo_model_dir):
+    return module_asgi_server({DEMO: demo_model_dir})
 
 
 def assert_sane(entries, top: int):

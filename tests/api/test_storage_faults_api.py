@@ -30,6 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import DEMO
 
+# These stay on Daphne processes: kill -9, another process's lock, mounts over the data folder and the
+# server's own log need a server process of its own.
 OTHER = "storage-other"
 BUSY = 1          # OMLX_DB_BUSY_TIMEOUT for these servers, seconds
 

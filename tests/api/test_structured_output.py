@@ -1,4 +1,4 @@
-"""`response_format` through a real server and the official openai client: JSON schemas whose
+"""`response_format` through the ASGI application in this process and the official openai client: JSON schemas whose
 answers validate, json_object, the client's own `parse` helper, streaming, and 400s that name what
 cannot be enforced."""
 
@@ -20,8 +20,8 @@ MAX_TOKENS = 160
 
 
 @pytest.fixture(scope="module")
-def server(module_server, demo_model_dir):
-    return module_server({DEMO: demo_model_dir})
+def server(module_asgi_server, demo_model_dir):
+    return module_asgi_server({DEMO: demo_model_dir})
 
 
 def ask(client, question: str, response_format: dict, **kw):

@@ -1,6 +1,6 @@
-"""Tool calling on /v1/chat/completions through a real server with the official openai client, on
-the demo model (SmolLM2-135M: its chat template has no tool support, so the server's fallback
-format applies): a forced call's arguments validate against the function's parameters, the result
+"""Tool calling on /v1/chat/completions through the ASGI application in this process with the
+official openai client, on the demo model (SmolLM2-135M: its chat template has no tool support, so
+the server's fallback format applies): a forced call's arguments validate against the function's parameters, the result
 fed back gets an answer, streamed call deltas reassemble, and the fields' 400s. Then /v1/models'
 capabilities and context lengths, and a chat request naming an embedding model."""
 
@@ -31,8 +31,8 @@ PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
 @pytest.fixture(scope="module")
-def server(module_server, demo_model_dir, minilm_dir):
-    return module_server({DEMO: demo_model_dir, MINILM: minilm_dir})
+def server(module_asgi_server, demo_model_dir, minilm_dir):
+    return module_asgi_server({DEMO: demo_model_dir, MINILM: minilm_dir})
 
 
 def assert_valid_call(call, name=None):
@@ -193,8 +193,8 @@ def test_capabilities_by_kind():
 
 # ---- count_tokens (the serving door's, behind /v1/messages/count_tokens) ---------------------------
 
-def test_count_tokens_takes_no_slot_and_counts_the_rendered_tools(start_server):
-    server = start_server(OMLX_MAX_CONCURRENT=1, OMLX_QUEUE_PER_MODEL=0)
+def test_count_tokens_takes_no_slot_and_counts_the_rendered_tools(start_asgi_server):
+    server = start_asgi_server(OMLX_MAX_CONCURRENT=1, OMLX_QUEUE_PER_MODEL=0)
     body = {"model": DEMO, "messages": ASK,
             "tools": [{"name": "get_weather", "description": "The current weather in a city",
                        "input_schema": WEATHER["function"]["parameters"]}]}

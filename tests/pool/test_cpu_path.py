@@ -1,4 +1,4 @@
-"""The CPU path: the BLAS pool.blas loads before MLX, OMLX_BLAS and OMLX_CPU_DEQUANTIZE, the pool's
+"""The CPU path: the BLAS omlx_site.blas loads before MLX, OMLX_BLAS and OMLX_CPU_DEQUANTIZE, the pool's
 size estimate for a model it will dequantize, and the dequantized demo model's greedy answer."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import pool.blas
-from pool.blas import cpu_backend
+import omlx_site.blas
+from pool.backend import cpu_backend
 from pool.conf import ImproperlyConfigured, get_settings, read_setting, reload_settings
 from pool.discovery import dense_size, discover, weights_size
 from tests.conftest import DEMO, ROOT, as_the_pool_loads
@@ -22,10 +22,10 @@ PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def loaded_blas() -> str:
-    """The file pool.blas loaded in this process (the test process imported pool before MLX too)."""
-    path = (pool.blas.state or {}).get("path")
+    """The file omlx_site.blas loaded in this process (tests/conftest.py sets the process up before MLX too)."""
+    path = (omlx_site.blas.state or {}).get("path")
     if not path:
-        pytest.skip(f"no optimized BLAS on this machine: {pool.blas.state}")
+        pytest.skip(f"no optimized BLAS on this machine: {omlx_site.blas.state}")
     return os.path.realpath(path) if os.path.isabs(path) else Path(path).name.split(".so")[0]
 
 
@@ -35,7 +35,8 @@ def run_python(code: str, **env) -> subprocess.CompletedProcess:
                           check=True, timeout=120)
 
 
-MAPS_AFTER_MLX = "import pool, mlx.core as mx; mx.eval(mx.ones((4, 4)) @ mx.ones((4, 4))); print(open('/proc/self/maps').read())"
+MAPS_AFTER_MLX = ("from omlx_site.process import setup_process; setup_process(); import mlx.core as mx; "
+                  "mx.eval(mx.ones((4, 4)) @ mx.ones((4, 4))); print(open('/proc/self/maps').read())")
 
 
 # --- the BLAS preload -------------------------------------------------------------------------
@@ -49,7 +50,7 @@ def test_a_served_process_has_the_blas_loaded(start_server):
 
 
 @needs_cpu
-def test_importing_pool_before_mlx_loads_it_and_off_does_not():
+def test_setting_up_before_mlx_loads_it_and_off_does_not():
     library = loaded_blas()
     assert library in run_python(MAPS_AFTER_MLX).stdout
     assert library not in run_python(MAPS_AFTER_MLX, OMLX_BLAS="off").stdout
@@ -60,7 +61,7 @@ def test_a_missing_library_logs_once_and_mlx_runs_on_the_bundled_blas():
     code = """
 import os
 os.environ["OMLX_BLAS"] = "off"
-import pool.blas as b
+import omlx_site.blas as b
 b.state = None
 b.CANDIDATES["openblas"] = lambda: [["/nonexistent/libopenblas.so.0"]]
 os.environ["OMLX_BLAS"] = "openblas"
@@ -74,7 +75,7 @@ print(mx.sum(mx.ones((64, 64)) @ mx.ones((64, 64))).item())
 
 
 def test_mlx_imported_first_is_too_late():
-    done = run_python("import mlx.core, pool.blas as b; print(b.state['reason'])")
+    done = run_python("import mlx.core, omlx_site.blas as b; b.preload(); print(b.state['reason'])")
     expected = "mlx was imported first" if cpu_backend() else "not the CPU backend"
     assert done.stdout.strip() == expected
 

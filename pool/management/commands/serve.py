@@ -5,7 +5,7 @@ The database is brought up to date first (a new OMLX_HOME needs no separate migr
 command exits non-zero with the reason in one line. Without OMLX_API_KEY it listens on loopback
 only: another address needs --allow-remote-without-key, and a warning is printed. The pool, the
 enforcer and pinned-model preloads start as soon as the server is ready. SIGTERM or SIGINT stops it
-gracefully (pool/management/server.py): running requests get OMLX_SHUTDOWN_GRACE seconds, then the
+gracefully (omlx_site/server.py): running requests get OMLX_SHUTDOWN_GRACE seconds, then the
 engine threads end, the database closes, and the process exits 0."""
 
 import asyncio
@@ -42,10 +42,12 @@ class Command(BaseCommand):
         conf = get_settings()
         sys.setswitchinterval(conf.switch_interval)
         from daphne.endpoints import build_endpoint_description_strings
-        from twisted.internet import defer, reactor
+
+        # omlx_site.server installs Twisted's asyncio reactor: before anything imports the reactor
+        from omlx_site.server import GracefulStop, OmlxServer  # isort: skip
+        from twisted.internet import defer, reactor  # isort: skip
 
         from omlx_site.asgi import application, in_flight
-        from pool.management.server import GracefulStop, OmlxServer  # installs Twisted's asyncio reactor
         from pool.runtime import get_runtime
 
         runtime = get_runtime()
@@ -90,7 +92,7 @@ class Command(BaseCommand):
                           "clients (or a staff login) only.")
 
     def _say_blas(self) -> None:
-        from pool import blas
+        from omlx_site import blas
 
         if blas.state and blas.state["path"]:
             self.stdout.write(f"MLX CPU backend: {blas.state['blas']} BLAS loaded ({blas.state['path']}); "

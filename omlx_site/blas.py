@@ -5,8 +5,9 @@ The `mlx-cpu` wheel bundles netlib's reference BLAS: a float32 matmul runs at ab
 exports plain `cblas_*` symbols, loaded with RTLD_GLOBAL before `import mlx`, takes those calls
 (about 300 GFLOPS). On macOS (Metal, Accelerate) and with an MLX CUDA wheel nothing is done.
 
-`preload()` runs from the entry points (`manage.py`, `omlx_site/asgi.py`, `pool/__init__.py`);
-it imports nothing but the standard library and `pool.conf`, and it runs once per process.
+`preload()` runs from `omlx_site.process.setup_process()`, which every entry point calls first;
+it imports nothing but the standard library and `pool.conf`/`pool.backend` (no MLX, no Django),
+and it runs once per process.
 """
 
 from __future__ import annotations
@@ -15,26 +16,11 @@ import ctypes
 import logging
 import sys
 import sysconfig
-from importlib import metadata
 from pathlib import Path
 
+from pool.backend import cpu_backend
+
 log = logging.getLogger(__name__)
-
-CUDA_DISTRIBUTIONS = ("mlx-cuda-12", "mlx-cuda-13")
-
-
-def cpu_backend() -> bool:
-    """True where MLX will run on its CPU backend: Linux without an MLX CUDA wheel (found from the
-    installed distributions, so that MLX is not imported to ask)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    for name in CUDA_DISTRIBUTIONS:
-        try:
-            metadata.distribution(name)
-            return False
-        except metadata.PackageNotFoundError:
-            continue
-    return True
 
 
 def _openblas() -> list[list[str]]:
@@ -75,7 +61,7 @@ def preload() -> dict:
     global state
     if state is not None:
         return state
-    from .conf import ImproperlyConfigured, read_setting
+    from pool.conf import ImproperlyConfigured, read_setting
 
     try:
         wanted = read_setting("OMLX_BLAS")
@@ -88,7 +74,7 @@ def preload() -> dict:
     if "mlx.core" in sys.modules:
         # libmlx's symbols are bound when it is loaded (Python dlopens with RTLD_NOW): too late
         state = {"blas": "bundled", "path": None, "reason": "mlx was imported first"}
-        log.warning("optimized BLAS not loaded: mlx was imported before pool.blas.preload()")
+        log.warning("optimized BLAS not loaded: mlx was imported before omlx_site.process.setup_process()")
         return state
     for name in AUTO_ORDER if wanted == "auto" else (wanted,):
         for chain in CANDIDATES[name]():

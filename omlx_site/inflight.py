@@ -11,17 +11,16 @@ from __future__ import annotations
 import asyncio
 import time
 
-from ..errors import Busy
-from .dialects import for_path
-from .errors import error_response, stream_error
+from pool.api.dialects import for_path
+from pool.api.errors import error_response, stream_error
+from pool.errors import Busy
 
 SHUTTING_DOWN = "server_shutting_down"
 RETRY_AFTER = 5
 
 
 def shutdown_error() -> Busy:
-    return Busy("The server is shutting down; retry in a moment.", code=SHUTTING_DOWN,
-                              retry_after=RETRY_AFTER)
+    return Busy("The server is shutting down; retry in a moment.", code=SHUTTING_DOWN, retry_after=RETRY_AFTER)
 
 
 def closing_messages(*, started: bool, sse: bool, path: str) -> list[dict]:

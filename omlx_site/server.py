@@ -7,7 +7,7 @@ timeout alone restarts at every byte, so one byte a minute would hold a connecti
 
 Stop: stop listening, refuse new requests on open connections (503 `server_shutting_down`), let
 the running ones finish for OMLX_SHUTDOWN_GRACE seconds, then end the rest with an error (a 503
-envelope for those that sent nothing yet, pool/api/inflight.py; an error chunk for streams, as
+envelope for those that sent nothing yet, omlx_site/inflight.py; an error chunk for streams, as
 the engines abort their requests; whatever still runs a moment later is ended by inflight.py too),
 then stop the reactor, whose shutdown stops the runtime. A second signal skips the wait, a third
 exits at once."""
@@ -23,6 +23,8 @@ import signal
 from daphne.server import Server
 from twisted.internet import defer, reactor
 from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol
+
+from .inflight import SHUTTING_DOWN
 
 log = logging.getLogger("pool")
 
@@ -140,8 +142,6 @@ class GracefulStop:
                 reactor.stop()
 
     async def drain(self) -> None:
-        from pool.api.inflight import SHUTTING_DOWN
-
         self.in_flight.draining = True
         await self.server.stop_listening()
         if self.in_flight.count:
