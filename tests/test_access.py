@@ -17,10 +17,10 @@ import time
 import httpx
 import pytest
 
-from pool.api.auth import AGGREGATE, FULL, api_allowed, metrics_view, needs_csrf_check
-from pool.api.public_metrics import without_model_ids
-from pool.api.route import is_json
 from omlx_site.inflight import closing_messages
+from pool.api.auth import AGGREGATE, FULL, api_allowed, metrics_view, needs_csrf_check
+from pool.api.operator.public_metrics import without_model_ids
+from pool.api.route import is_json
 from pool.network import allowed_hosts, host_pattern, is_loopback, machine_names
 from tests.conftest import ROOT, Server, ServerCalls, free_port
 

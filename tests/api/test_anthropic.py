@@ -8,24 +8,13 @@ import anthropic
 import httpx
 import pytest
 
-from pool.api import anthropic_events as events
-from pool.api.anthropic_events import EventStream, Text, ToolUse
-from pool.api.anthropic_parse import chat_messages, parse_count_tokens, parse_messages, tool_fields
+from pool.api.anthropic import events
+from pool.api.anthropic.events import EventStream, Text, ToolUse
+from pool.api.anthropic.parse import chat_messages, parse_count_tokens, parse_messages, tool_fields
 from pool.api.auth import given_keys
-from pool.api.errors import ANTHROPIC, OPENAI, envelope, error_response, sse_error, status, style_for_path
-from pool.errors import (
-    Busy,
-    EngineFailure,
-    Forbidden,
-    InsufficientMemory,
-    InvalidRequest,
-    MethodNotAllowed,
-    ModelBusy,
-    ModelNotFound,
-    ModelQueueFull,
-    PoolError,
-    Unauthorized,
-)
+from pool.api.dialects import ANTHROPIC
+from pool.api.errors import envelope, error_response
+from pool.errors import InvalidRequest
 from tests.conftest import DEMO
 
 KEY = "test-key-123"
@@ -267,8 +256,9 @@ def test_stream_tool_use_block_carries_its_arguments_as_json_delta():
 
 
 def test_answer_text_with_a_call_in_the_fallback_format_becomes_pieces():
-    from pool.api.anthropic import _WithTools
-    from pool.tools import FALLBACK, ToolStream, fallback_call_text
+    from pool.api.anthropic.messages import _WithTools
+    from pool.tools.formats import FALLBACK, fallback_call_text
+    from pool.tools.stream import ToolStream
 
     reader = _WithTools(ToolStream(FALLBACK, tools=[WEATHER_FN]))
     text = "Let me check. " + fallback_call_text("get_weather", {"city": "Paris"})
@@ -280,40 +270,6 @@ def test_answer_text_with_a_call_in_the_fallback_format_becomes_pieces():
 
 
 # ---- errors and auth ----------------------------------------------------------------------------
-
-ERRORS = [
-    (InvalidRequest("x"), 400, "invalid_request_error"),
-    (Unauthorized("x"), 401, "authentication_error"),
-    (Forbidden("x"), 403, "permission_error"),
-    (ModelNotFound("x"), 404, "not_found_error"),
-    (MethodNotAllowed("x"), 405, "invalid_request_error"),
-    (ModelBusy("x"), 409, "invalid_request_error"),
-    (EngineFailure("x"), 500, "api_error"),
-    (Busy("x"), 529, "overloaded_error"),
-    (ModelQueueFull("x", retry_after=2), 529, "overloaded_error"),
-    (InsufficientMemory("x"), 507, "api_error"),
-]
-
-
-@pytest.mark.parametrize("error,code,kind", ERRORS, ids=[type(e[0]).__name__ for e in ERRORS])
-def test_anthropic_envelope(error, code, kind):
-    assert status(error, ANTHROPIC) == code
-    assert envelope(error, ANTHROPIC) == {"type": "error", "error": {"type": kind, "message": "x"}}
-    response = error_response(error, ANTHROPIC)
-    assert response.status_code == code
-    assert response.get("Retry-After") == error.headers.get("Retry-After")
-    assert status(error, OPENAI) == error.status      # the OpenAI routes keep theirs
-    assert envelope(error, OPENAI)["error"]["type"] == error.type
-
-
-def test_stream_errors_and_styles_by_path():
-    error = Busy("busy")
-    assert sse_error(error, ANTHROPIC).startswith(b"event: error\ndata: {\"type\": \"error\"")
-    assert sse_error(error).startswith(b"data: {\"error\"")
-    assert [style_for_path(p) for p in ("/v1/messages", "/v1/messages/x", "/v1/models", "/api/pool")] == \
-        [ANTHROPIC, ANTHROPIC, OPENAI, OPENAI]
-    assert error_response(PoolError("y"), ANTHROPIC).status_code == 500
-
 
 KEYS = [({}, []), ({"Authorization": "Bearer k"}, ["k"]), ({"Authorization": "bearer  k "}, ["k"]),
         ({"Authorization": "Basic k"}, []), ({"x-api-key": "k"}, ["k"]),
@@ -469,7 +425,8 @@ def test_a_full_queue_is_a_529_overloaded_error(server):
 def test_a_body_too_large_is_a_413():
     from django.test import RequestFactory, override_settings
 
-    from pool.api.anthropic_parse import RequestTooLarge, read_body
+    from pool.api.anthropic.parse import read_body
+    from pool.api.errors import RequestTooLarge
 
     request = RequestFactory().post("/v1/messages", data=json.dumps({"x": "y" * 200}), content_type="application/json")
     with override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=100), pytest.raises(RequestTooLarge) as e:

@@ -9,8 +9,9 @@ import numpy as np
 import openai
 import pytest
 
-from pool.api.embeddings import encode_vector, parse_embeddings, parse_input
+from pool.api.openai.embeddings import encode_vector, parse_embeddings, parse_input
 from pool.errors import InvalidRequest
+from pool.serving.embedding import Embeddings
 from tests.conftest import DEMO
 
 MINILM = "all-MiniLM-L6-v2"
@@ -72,10 +73,11 @@ def test_a_good_body():
 
 def test_base64_is_little_endian_float32():
     vector = np.array([0.5, -1.25, 1.0], dtype=np.float32)
-    raw = base64.b64decode(encode_vector(vector, "base64"))
+    result = Embeddings("m", vector[None, :], prompt_tokens=3)
+    raw = base64.b64decode(encode_vector(result, 0, "base64"))
     assert raw == bytes.fromhex("0000003f" "0000a0bf" "0000803f")     # IEEE 754 bytes, least significant first
     assert np.frombuffer(raw, dtype="<f4").tolist() == vector.tolist()
-    assert encode_vector(vector, "float") == vector.tolist()
+    assert encode_vector(result, 0, "float") == vector.tolist()
 
 
 # ---- through the server ------------------------------------------------------------------------

@@ -249,7 +249,7 @@ def test_a_constraint_reaches_every_choice_and_its_logprobs_stay_json(server):
             "parallel_tool_calls": False}, dict(tool_choice="required", parallel_tool_calls=False)),
 ])
 def test_sampling_fields_parse_into_the_spec(chat, fields, expected):
-    from pool.api.parse import parse_completion
+    from pool.api.openai.parse import parse_completion
 
     body = {"model": DEMO, **({"messages": QUESTION} if chat else {"prompt": "x"}), **fields}
     spec = parse_completion(body, chat=chat).spec
@@ -257,7 +257,7 @@ def test_sampling_fields_parse_into_the_spec(chat, fields, expected):
 
 
 def test_logprobs_render_in_openai_shapes():
-    from pool.api.openai import chat_logprobs, completion_logprobs
+    from pool.api.openai.shapes import chat_logprobs, completion_logprobs
     from pool.engines.protocol import TokenLogprob
 
     entries = [TokenLogprob("Hi", -0.5, (72, 105), (("Hi", -0.5, (72, 105)), ("Yo", float("-inf"), (89, 111)))),

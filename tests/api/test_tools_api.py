@@ -5,13 +5,13 @@ fed back gets an answer, streamed call deltas reassemble, and the fields' 400s. 
 capabilities and context lengths, and a chat request naming an embedding model."""
 
 import json
+from pathlib import Path
 
 import jsonschema
 import openai
 import pytest
 
-from pool.capabilities import capabilities, context_length
-from pool.discovery import CHAT, EMBEDDINGS
+from pool.kinds import CHAT, EMBEDDINGS, model_card
 from tests.conftest import DEMO
 
 MINILM = "all-MiniLM-L6-v2"
@@ -182,13 +182,17 @@ def test_a_chat_request_for_an_embedding_model_is_refused_before_it_loads(server
     (EMBEDDINGS, {"max_position_embeddings": 512}, None, 512),
     (EMBEDDINGS, {}, {"max_seq_length": 128}, 128),
 ])
-def test_context_length_from_the_config(kind, config, sentence, length):
-    assert context_length(kind, config, sentence) == length
+def test_context_length_from_the_config(tmp_path, kind, config, sentence, length):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    if sentence is not None:
+        (tmp_path / "sentence_bert_config.json").write_text(json.dumps(sentence))
+    assert kind.context_length(tmp_path, config) == length
+    assert model_card(tmp_path, kind)["context_length"] == length
 
 
 def test_capabilities_by_kind():
-    assert "tools" in capabilities(CHAT) and capabilities(EMBEDDINGS) == ["embeddings"]
-    assert capabilities("other") == []
+    assert "tools" in CHAT.capabilities and EMBEDDINGS.capabilities == ("embeddings",)
+    assert model_card(Path("/nonexistent"), EMBEDDINGS) == {"capabilities": ["embeddings"], "context_length": None}
 
 
 # ---- count_tokens (the serving door's, behind /v1/messages/count_tokens) ---------------------------

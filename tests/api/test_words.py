@@ -10,12 +10,36 @@ import pytest
 
 from pool.api.anthropic import words as anthropic
 from pool.api.dialects import ANTHROPIC, OPENAI, for_path
-from pool.api.errors import (ERRORS, Forbidden, MethodNotAllowed, RequestTooLarge, RouteNotFound, Unauthorized,
-                             envelope, error_response, status_of, stream_error)
+from pool.api.errors import (
+    ERRORS,
+    Forbidden,
+    MethodNotAllowed,
+    RequestTooLarge,
+    RouteNotFound,
+    Unauthorized,
+    envelope,
+    error_response,
+    status_of,
+    stream_error,
+)
 from pool.api.openai import words as openai
-from pool.errors import (Busy, ContextLengthExceeded, EngineFailure, InsufficientMemory, InvalidRequest, LoadAborted,
-                         ModelBusy, ModelNotFound, ModelQueueFull, ModelTooLarge, ModelUnavailable, PoolError,
-                         ServerNotReady, StorageUnavailable, WrongKind)
+from pool.errors import (
+    Busy,
+    ContextLengthExceeded,
+    EngineFailure,
+    InsufficientMemory,
+    InvalidRequest,
+    LoadAborted,
+    ModelBusy,
+    ModelNotFound,
+    ModelQueueFull,
+    ModelTooLarge,
+    ModelUnavailable,
+    PoolError,
+    ServerNotReady,
+    StorageUnavailable,
+    WrongKind,
+)
 
 
 def prompt_refused(param: str = "messages") -> ContextLengthExceeded:
