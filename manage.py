@@ -9,6 +9,4 @@ if __name__ == "__main__":
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omlx_site.settings")
     from django.core.management import execute_from_command_line
 
-    import pool.blas  # noqa: F401 - importing pool loads an optimized BLAS before anything imports MLX
-
     execute_from_command_line(sys.argv)

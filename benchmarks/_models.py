@@ -27,3 +27,14 @@ def fixture(name: str, size_mb: float, seed: int = 0, dtype: str = "float32") ->
     if not (out / "config.json").exists():
         make_fixture_model(out, size_mb, tokenizer_from=demo_model(), seed=seed, dtype=dtype)
     return out
+
+
+def as_the_pool_loads(path: Path) -> bool:
+    """Whether the pool would serve this folder dequantized to float32 (OMLX_CPU_DEQUANTIZE, the model
+    budget): the benchmarks that load weights themselves decide as the server does."""
+    from pool.conf import get_settings
+    from pool.host.engine_options import load_options_for
+    from pool.memory import make_probe
+
+    conf = get_settings()
+    return load_options_for(conf, Path(path), make_probe(conf).read().capacity).dequantize

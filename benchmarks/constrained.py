@@ -18,7 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
-from _models import demo_model
+from _models import as_the_pool_loads, demo_model
 from _servers import start_omlx
 from omlx_site.process import setup_process
 
@@ -70,12 +70,12 @@ def main():
 
     import mlx.core as mx
 
-    import pool.blas  # noqa: F401  the BLAS preload, before MLX
     from pool.engines.grammar import make_processor
     from pool.engines.loading import load_weights
     from pool.serving.constraints import json_schema
 
-    model, tokenizer, _ = load_weights(args.model or demo_model())
+    folder = args.model or demo_model()
+    model, tokenizer, _ = load_weights(folder, dequantize=as_the_pool_loads(folder))
     prompt = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True)
     constraint = json_schema(SCHEMA)
     started = time.perf_counter()

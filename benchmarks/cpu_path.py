@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from _models import demo_model
+from _models import as_the_pool_loads, demo_model
 import omlx_site.blas
 from omlx_site.process import setup_process
 
@@ -31,7 +31,6 @@ def worker(model_dir: str, prompt_tokens: int, tokens: int) -> dict:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    import pool.blas  # the preload, before MLX
     from pool.engines.loading import load_weights
 
     a = mx.random.normal((1024, 1024))
@@ -45,7 +44,7 @@ def worker(model_dir: str, prompt_tokens: int, tokens: int) -> dict:
     mx.clear_cache()
 
     started = time.perf_counter()
-    model, tokenizer, config = load_weights(Path(model_dir))
+    model, tokenizer, config = load_weights(Path(model_dir), dequantize=as_the_pool_loads(Path(model_dir)))
     load_s = time.perf_counter() - started
     active = mx.get_active_memory()
     ids = tokenizer.encode(TEXT * (prompt_tokens // 20 + 1))[:prompt_tokens]

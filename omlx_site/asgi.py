@@ -11,7 +11,6 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omlx_site.settings")
 
 from django.core.asgi import get_asgi_application  # noqa: E402
 
-import pool.blas  # noqa: E402,F401 - importing pool loads an optimized BLAS before anything imports MLX
 
 django_asgi_app = get_asgi_application()
 

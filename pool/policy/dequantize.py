@@ -1,7 +1,7 @@
 """Whether a quantized model is served dequantized to float32 on the CPU backend.
 
 MLX's 4-bit matmul on x86 is its own single-threaded kernel (3.6 GFLOPS), while a float32 matmul goes
-to BLAS (about 300 GFLOPS once pool.blas has loaded an optimized one): SmolLM2-135M prefills about
+to BLAS (about 300 GFLOPS once omlx_site.blas has loaded an optimized one): SmolLM2-135M prefills about
 20x faster dense, for 4.7x the memory. float16/bfloat16 never reach BLAS, hence float32.
 """
 
