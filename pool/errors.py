@@ -13,7 +13,7 @@ from .policy.vocabulary import Rejection
 
 
 class PoolError(Exception):
-    code: str = "internal_error"
+    code: str | None = None
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None, **facts: Any):
         super().__init__(message)
@@ -26,7 +26,6 @@ class PoolError(Exception):
 
 class InvalidRequest(PoolError):
     """The request cannot be served as asked; the client must change it."""
-    code = "invalid_request"
 
 
 class ContextLengthExceeded(InvalidRequest):

@@ -5,9 +5,9 @@ from django.core.exceptions import DisallowedHost
 from django.http import HttpResponseNotFound, HttpResponseServerError
 from django.views import csrf, defaults
 
-from ..errors import InvalidRequest, PoolError
+from ..errors import InvalidRequest
 from .dialects import for_path
-from .errors import INTERNAL, Forbidden, RouteNotFound, error_response
+from .errors import Forbidden, RouteNotFound, error_response, internal
 
 API_PREFIXES = ("/v1/", "/api/", "/health", "/metrics", "/admin/model/")
 
@@ -47,5 +47,5 @@ def not_found(request, exception=None):
 
 def server_error(request):
     if is_api(request):
-        return error_response(PoolError(INTERNAL), for_path(request.path))
+        return error_response(internal(), for_path(request.path))
     return HttpResponseServerError("<h1>Server error</h1>")

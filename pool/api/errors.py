@@ -29,6 +29,10 @@ log = logging.getLogger("pool.api")
 INTERNAL = "The server failed while handling the request; see its log."
 
 
+def internal() -> PoolError:
+    return PoolError(INTERNAL, code="internal_error")
+
+
 # ---- the API's own errors: about the HTTP request, not the models -----------------------------------
 
 class Unauthorized(PoolError):
@@ -111,12 +115,12 @@ def error_response(error: PoolError, dialect: Dialect = OPENAI) -> JsonResponse:
 
 def internal_error(exc: BaseException, dialect: Dialect = OPENAI) -> JsonResponse:
     log.exception("unexpected error", exc_info=exc)
-    return error_response(PoolError(INTERNAL), dialect)
+    return error_response(internal(), dialect)
 
 
 def stream_error(error: BaseException, dialect: Dialect = OPENAI) -> bytes:
     """What ends a stream that has begun, on any failure: the dialect's error event, then its end."""
     if not isinstance(error, PoolError):
         log.exception("unexpected error in a stream", exc_info=error)
-        error = PoolError(INTERNAL)
+        error = internal()
     return dialect.stream_error(error, status_of(error, dialect), error_type(error, dialect)) + dialect.stream_end

@@ -72,6 +72,7 @@ class TextEngine(EngineWorker):
         self._token_text: TokenText | None = None       # made for the first request asking for logprobs
         self._outbox = Outbox()
         self._stats_at = 0.0
+        self._stats_stale = False     # a request left since the KV sizes were last read
         self._weight_bytes = 0
         self.active_requests = 0
 
@@ -182,6 +183,8 @@ class TextEngine(EngineWorker):
             self._prompt_cache.save_one()    # idle: write the disk tier's entries now (prompt_cache.py)
 
     def _after_commands(self) -> None:
+        if self._stats_stale and not (self._requests or self._prefills):
+            self._update_cache_stats()   # the last request left between steps: its KV is gone
         self._outbox.flush()
 
     def _insert(self, choices: list[Request]) -> None:
@@ -270,6 +273,7 @@ class TextEngine(EngineWorker):
         elif req.uid is None:
             self._drop_from_prefills(req)
         req.done = True
+        self._stats_stale = True
         self._count_active()
 
     def _drop_from_prefills(self, req: Request) -> None:
@@ -332,7 +336,7 @@ class TextEngine(EngineWorker):
             self._lanes[key] = BatchLane(self._model, KVConfig(), self._stop_tokens)
 
     def _update_cache_stats(self) -> None:
-        self._stats_at = time.monotonic()
+        self._stats_at, self._stats_stale = time.monotonic(), False
         pc = self._prompt_cache
         kv = sum(lane.kv_bytes for lane in self._lanes.values()) + sum(job.kv_bytes for job in self._prefills)
         disk = pc.disk if pc is not None else None

@@ -6,8 +6,8 @@ while anything happens, 10 s with only idle models, 30 s with none. `wake()` cut
 for what moves memory (loads, unloads, settings, a request's KV growing by a step: the runtime
 says which changes); a wake during a tick is its own actions' echo and is ignored. `reschedule()`
 re-reads the next TTL expiry without a tick (a request ended). Telemetry gets at most one row per
-ACTIVE_POLL_SECONDS. The request gate is its own part (pool/serving/gate.py): the enforcer only
-opens and closes it."""
+ACTIVE_POLL_SECONDS while the pressure level holds. The request gate is its own part (gate.py): the
+enforcer only opens and closes it."""
 
 from __future__ import annotations
 
@@ -57,6 +57,7 @@ class MemoryEnforcer:
         self._woken = False               # a wake (not a reschedule) arrived since the last tick
         self._ticking = False
         self._row_at: float | None = None    # when telemetry last got a row (time.monotonic)
+        self._row_level: str | None = None   # the pressure level of that row
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._tick_lock: asyncio.Lock | None = None
@@ -130,12 +131,15 @@ class MemoryEnforcer:
                              loading=any(v.state == ModelState.LOADING for v in views), seconds_since_wake=since,
                              loaded_count=sum(v.state == ModelState.LOADED for v in views))
 
-    async def tick(self) -> TickDecision | None:
-        """One measure-decide-act round; the lock keeps an on-demand tick from overlapping the loop's."""
+    async def tick(self, *, on_demand: bool = False) -> TickDecision | None:
+        """One measure-decide-act round; the lock keeps an on-demand tick from overlapping the loop's.
+        An operator's tick (`on_demand`) always leaves its telemetry row."""
         if self._tick_lock is None:
             self._tick_lock = asyncio.Lock()
         async with self._tick_lock:
             self._ticking = True
+            if on_demand:
+                self._row_at = None
             try:
                 return await self._tick()
             finally:
@@ -181,12 +185,21 @@ class MemoryEnforcer:
         self.gate.set_paused(self.level != Level.OK, retry_after=self.interval)
         self.last_reading, self.last_tick_at = reading, time.time()
         self.ticks += 1
-        now = time.monotonic()
-        if self.telemetry is not None and (self._row_at is None or now - self._row_at >= ACTIVE_POLL_SECONDS):
-            # a tick that acted keeps the pressure it saw; the next row shows where it left memory
-            self.telemetry.append(seen_row or self._telemetry_row(self.last_tick_at, reading, self.level))
-            self._row_at = now
+        if self.telemetry is not None:
+            # a tick that acted records the pressure it saw, then the next row shows where it left memory
+            if seen_row is not None:
+                self._write_row(seen_row)
+            self._write_row(self._telemetry_row(self.last_tick_at, reading, self.level))
         self.pool.events.changed(Change.TICK)
+
+    def _write_row(self, row: dict) -> None:
+        """At most one row per poll interval while the pressure level holds; a change of level is
+        recorded when it happens (a spike shorter than the interval is not lost)."""
+        now = time.monotonic()
+        due = self._row_at is None or now - self._row_at >= ACTIVE_POLL_SECONDS
+        if due or row["level"] != self._row_level:
+            self.telemetry.append(row)
+            self._row_at, self._row_level = now, row["level"]
 
     def _readings(self, reading) -> Readings:
         return Readings(usage=reading.usage, reclaimable=reading.reclaimable, lines=self.lines)

@@ -99,7 +99,7 @@ class LocalHost:
 
     async def tick(self):
         """One enforcer tick now (operators' "check now")."""
-        return await self.enforcer.tick()
+        return await self.enforcer.tick(on_demand=True)
 
     # ---- start and stop ------------------------------------------------------------------------
 

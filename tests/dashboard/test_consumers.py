@@ -63,17 +63,17 @@ async def test_snapshot_on_connect(site):
 async def test_pin_and_unpin_persist_and_reach_every_dashboard(site):
     ws, _ = await connected(site)
     watcher, _ = await connected(site)
-    pool = site.runtime().pool
+    router = site.runtime().router
 
     snap = await answer(ws, {"action": "pin", "model": SMALL})
     assert snap["type"] == "snapshot" and snap["reply_to"] == "pin"
     assert row(snap, SMALL)["pinned"] is True
-    assert (await services.get_model_settings(pool=pool, model_id=SMALL))["is_pinned"] is True
+    assert (await services.get_model_settings(router=router, name=SMALL))["is_pinned"] is True
     await until(watcher, lambda s: row(s, SMALL)["pinned"])
 
     snap = await answer(ws, {"action": "unpin", "model": SMALL})
     assert row(snap, SMALL)["pinned"] is False
-    assert (await services.get_model_settings(pool=pool, model_id=SMALL))["is_pinned"] is False
+    assert (await services.get_model_settings(router=router, name=SMALL))["is_pinned"] is False
     await until(watcher, lambda s: not row(s, SMALL)["pinned"])
     await ws.disconnect()
     await watcher.disconnect()
@@ -81,10 +81,10 @@ async def test_pin_and_unpin_persist_and_reach_every_dashboard(site):
 
 async def test_set_ttl(site):
     ws, _ = await connected(site)
-    pool = site.runtime().pool
+    router = site.runtime().router
     snap = await answer(ws, {"action": "set_ttl", "model": SMALL, "ttl_seconds": 60})
     assert row(snap, SMALL)["ttl_seconds"] == 60
-    assert (await services.get_model_settings(pool=pool, model_id=SMALL))["ttl_seconds"] == 60
+    assert (await services.get_model_settings(router=router, name=SMALL))["ttl_seconds"] == 60
 
     snap = await answer(ws, {"action": "set_ttl", "model": SMALL, "ttl_seconds": None})
     assert row(snap, SMALL)["ttl_seconds"] is None
@@ -113,7 +113,7 @@ async def test_load_then_unload(site):
 
 async def test_unload_of_a_busy_model_needs_force(site):
     ws, _ = await connected(site)
-    pool = site.runtime().pool
+    pool = site.runtime().host.pool
     await pool.load(SMALL)
     async with pool.lease(SMALL):
         error = await answer(ws, {"action": "unload", "model": SMALL})

@@ -25,7 +25,7 @@ from mlx_lm.models.cache import KVCache
 
 from pool import events as events_module
 from pool import services, storage
-from pool.api.errors import error_response
+from pool.api.errors import error_response, status_of
 from pool.engines.disk_cache import DiskCache
 from pool.errors import DatabaseBusy, StorageUnavailable
 from pool.events import EventLog
@@ -299,7 +299,7 @@ def test_a_settings_write_under_another_writers_lock_is_a_503_within_the_busy_ti
         with pytest.raises(DatabaseBusy) as refused:
             services.write_model_settings(model_id="alpha", changes={"is_pinned": True, "ttl_seconds": 5})
         assert time.monotonic() - started < 0.5 + 1.0
-        assert refused.value.status == 503 and refused.value.headers == {"Retry-After": "1"}
+        assert status_of(refused.value) == 503 and refused.value.retry_after == 1
         assert ModelSettings.objects.get(model_id="alpha").ttl_seconds == 60     # reads go on meanwhile
     finally:
         lock.execute("ROLLBACK")
@@ -327,7 +327,7 @@ def test_a_settings_write_the_disk_refuses_is_a_507_and_changes_nothing(models_d
     try:
         with pytest.raises(error) as refused:
             services.write_model_settings(model_id="alpha", changes={"notes": "after " * 20_000, "is_pinned": True})
-        assert refused.value.status == 507 and refused.value.code == code
+        assert status_of(refused.value) == 507 and refused.value.code == code
     finally:
         connection.close()        # the next connection has neither pragma
     row = ModelSettings.objects.get(model_id="alpha")
