@@ -105,6 +105,13 @@ def test_importing_the_routes_loads_no_mlx_and_no_engine():
     assert json.loads(done.stdout.splitlines()[-1]) == []
 
 
+def test_the_pool_never_imports_the_site():
+    """omlx_site -> pool, never back: only `serve`, which runs the site, names it."""
+    for path in files("pool"):
+        if path != ROOT / "pool/management/commands/serve.py":
+            assert not {m for m in imports(path) if m.startswith("omlx_site")}, path
+
+
 # Records what a process loads through ctypes (a library, a symbol looked up in it) and reports, as
 # JSON, whether MLX was imported, the BLAS state and the libraries mapped. Run before anything else.
 SPY = """
