@@ -12,7 +12,7 @@ CACHE = Path(os.environ.get("OMLX_BENCH_CACHE", Path.home() / ".cache" / "omlx-s
 
 
 def demo_model() -> Path:
-    from pool.gguf import convert, find_gguf_in_package
+    from pool.catalog.gguf import convert, find_gguf_in_package
 
     out = CACHE / "smollm2-135m-instruct"
     if not (out / "config.json").exists():
@@ -21,7 +21,7 @@ def demo_model() -> Path:
 
 
 def fixture(name: str, size_mb: float, seed: int = 0, dtype: str = "float32") -> Path:
-    from pool.fixture_models import make_fixture_model
+    from pool.catalog.fixture_models import make_fixture_model
 
     out = CACHE / "fixtures" / name
     if not (out / "config.json").exists():

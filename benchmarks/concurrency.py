@@ -33,6 +33,7 @@ import httpx
 from _bandwidth import Bound
 from _models import demo_model
 from _servers import numbered_prompt, percentile, start_mlx_lm, start_omlx
+
 from omlx_site.process import setup_process
 
 setup_process()   # the BLAS and malloc settings, before anything imports MLX

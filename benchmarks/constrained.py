@@ -2,7 +2,7 @@
 cost (target: constrained at least 0.8x unconstrained).
 
 Both sides run mlx-lm's `generate_step` on the same loaded model (as the server loads it), same
-prompt, greedy, taking turns run by run; the constrained side adds pool.engines.constraints'
+prompt, greedy, taking turns run by run; the constrained side adds pool.engines.grammar's
 processor for SCHEMA, whose minItems keeps the output going past --tokens, so both sides decode the
 same number of tokens. Decode tokens/s counts the tokens after the first over the time after the
 first (prefill excluded). The mask line is the processor's own time per token, replayed over
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from _models import as_the_pool_loads, demo_model
 from _servers import start_omlx
+
 from omlx_site.process import setup_process
 
 setup_process()   # the BLAS and malloc settings, before anything imports MLX

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from _models import as_the_pool_loads, demo_model
+
 import omlx_site.blas
 from omlx_site.process import setup_process
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from _models import fixture
+
 from omlx_site.process import setup_process
 
 setup_process()   # the BLAS and malloc settings, before anything imports MLX

@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 from _models import demo_model, fixture
 from _servers import StreamReply, gaps, numbered_prompt, percentile, start_omlx
+
 from omlx_site.process import setup_process
 
 setup_process()   # the BLAS and malloc settings, before anything imports MLX

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 from _models import demo_model
 from _servers import start_omlx
+
 from omlx_site.process import setup_process
 
 setup_process()   # the BLAS and malloc settings, before anything imports MLX

@@ -18,6 +18,7 @@ from pathlib import Path
 from _bandwidth import Bound
 from _models import demo_model
 from _servers import start_mlx_lm, start_omlx
+
 from omlx_site.process import setup_process
 
 setup_process()   # the BLAS and malloc settings, before anything imports MLX

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from _models import fixture
 from _servers import numbered_prompt, start_omlx
+
 from omlx_site.process import setup_process
 
 setup_process()   # the BLAS and malloc settings, before anything imports MLX

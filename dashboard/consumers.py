@@ -13,8 +13,8 @@ from typing import Any
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from pool import services
-from pool.broadcast import GROUP
 from pool.errors import InvalidRequest, PoolError
+from pool.observe.broadcast import GROUP
 from pool.runtime import ensure_started
 from pool.strict_json import dumps_finite, loads_strict
 

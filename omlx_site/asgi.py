@@ -11,7 +11,6 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omlx_site.settings")
 
 from django.core.asgi import get_asgi_application  # noqa: E402
 
-
 django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402

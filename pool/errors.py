@@ -56,7 +56,7 @@ class ContextLengthExceeded(InvalidRequest):
 
 
 class WrongKind(InvalidRequest):
-    """A request for one kind of model (pool/kinds.py) names a model of another kind."""
+    """A request for one kind of model (pool/catalog/kinds.py) names a model of another kind."""
     code = "model_kind_mismatch"
 
     def __init__(self, *, model: str, kind: str, noun: str, wanted: str, wanted_noun: str, alternatives: list[str]):

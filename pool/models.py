@@ -87,8 +87,8 @@ class ModelSettings(models.Model):
             raise ValidationError({e.field: str(e).split(" ", 1)[1]}) from None
 
     def _other_model_ids(self) -> set[str]:
+        from .catalog.discovery import discover
         from .conf import get_settings
-        from .discovery import discover
 
         rows = ModelSettings.objects.exclude(pk=self.pk).values_list("model_id", flat=True)
         return (set(discover(get_settings().model_dirs)) | set(rows)) - {self.model_id}

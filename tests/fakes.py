@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pool.catalog.kinds import GENERATE
 from pool.engines.protocol import (
     CacheStats,
     Chunk,
@@ -20,7 +21,6 @@ from pool.engines.protocol import (
     RequestAborted,
     SamplingParams,
 )
-from pool.kinds import GENERATE
 from pool.memory import MemoryReading
 
 MODEL_INFO = {"layers": 2, "kv_heads": 1, "head_dim": 4, "bytes_per_element": 2, "context_length": 256}

@@ -56,7 +56,7 @@ RULES = [
     ("pool/host", ("pool.api", "pool.router", "pool.runtime", "dashboard", "django"), ()),
     ("pool/tools", ("pool.api", "pool.host", "pool.serving", "pool.engines", "django"), ()),
     ("pool/router.py", ("pool.api", "pool.engines", "dashboard", "django"), ()),
-    ("pool/kinds.py", ("mlx", "pool.engines", "django"), ()),
+    ("pool/catalog/kinds.py", ("mlx", "pool.engines", "django"), ()),
     ("pool/errors.py", ("django", "pool.api"), ()),
 ]
 

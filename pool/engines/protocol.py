@@ -6,7 +6,7 @@ by what a kind of model does (as vLLM separates `generate` from `encode`):
 - `TextGenerator`: an engine that tokenizes prompts and generates text (pool/engines/generator.py);
 - `Encoder`: an engine that turns inputs into vectors (pool/engines/encoder.py).
 
-pool/kinds.py says which kind of model gets which engine. Tests give the pool small fakes with the
+pool/catalog/kinds.py says which kind of model gets which engine. Tests give the pool small fakes with the
 same methods (tests/fakes.py)."""
 
 from __future__ import annotations

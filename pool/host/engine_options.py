@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..backend import cpu_backend
-from ..discovery import ModelFolder, dense_size, weights_size
+from ..catalog.discovery import ModelFolder, dense_size, weights_size
 from ..engines.protocol import LoadOptions, PromptCacheOptions
 from ..policy.dequantize import dequantize_budget, should_dequantize
 from ..policy.load_plan import auto_model_budget

@@ -3,7 +3,7 @@
 Decisions (who to evict, what expired) come from pool.policy as plain data; this module applies
 them. No lock is held across a load: planning and marking happen in one synchronous stretch of the
 event loop, so a request for a loaded model never waits behind another model's load. Engines are
-made by the model's kind (pool/kinds.py), or by `make_engine` (tests give fakes)."""
+made by the model's kind (pool/catalog/kinds.py), or by `make_engine` (tests give fakes)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
-from ..discovery import discover
+from ..catalog.discovery import discover
+from ..catalog.kinds import GENERATE, Kind
 from ..engines.protocol import CacheStats, LoadResult
 from ..engines.protocol import LoadAborted as EngineLoadAborted
 from ..errors import Busy, InsufficientMemory, LoadAborted, ModelBusy, ModelNotFound, ModelTooLarge, ModelUnavailable
 from ..events import EventLog
-from ..kinds import GENERATE, Kind
 from ..memory import MemoryReading
 from ..policy import idle
 from ..policy.load_plan import LoadPlan, ModelView, auto_model_budget, fits_once_idle, plan_load

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..kinds import CHAT, Kind
+from ..catalog.kinds import CHAT, Kind
 from ..policy.load_plan import ModelView
 from ..policy.redact import without_paths
 from ..policy.vocabulary import ModelState, Reason

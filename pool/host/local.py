@@ -8,8 +8,8 @@ import socket
 import time
 from typing import Any, Callable, Iterable
 
+from ..catalog.kinds import Kind
 from ..events import EventLog, PoolChange
-from ..kinds import Kind
 from ..memory import MemoryReading
 from ..policy.load_plan import LoadPlan
 from ..policy.vocabulary import Change

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
+from ..catalog.kinds import GENERATE
 from ..engines.protocol import RequestAborted
-from ..kinds import GENERATE
 from ..policy.pressure import next_cache_fraction, prefill_step
 from ..policy.units import format_bytes
 from ..policy.vocabulary import ActionKind, Level, ModelState, Reason

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, AsyncContextManager, Iterable, Protocol
 
-from ..kinds import Kind
+from ..catalog.kinds import Kind
 from ..memory import MemoryReading
 from ..policy.load_plan import LoadPlan
 from ..policy.vocabulary import ModelState

@@ -21,7 +21,7 @@ def model_row(entry, view: ModelView, rank: int | None, now: float, cache: Cache
     return {
         "id": entry.id,
         "alias": entry.alias,
-        "kind": entry.kind.name,  # pool/kinds.py: "chat" | "embeddings"
+        "kind": entry.kind.name,  # pool/catalog/kinds.py: "chat" | "embeddings"
         "display_name": entry.model_settings.get("display_name") or "",
         "hidden": entry.hidden,
         "state": entry.state,

@@ -18,10 +18,10 @@ from typing import Any, AsyncIterator
 
 from jinja2 import TemplateError
 
+from ..catalog.kinds import CHAT, model_card
 from ..engines.protocol import Chunk, SamplingParams, TextGenerator
 from ..errors import ContextLengthExceeded, InvalidRequest
 from ..host.entries import Entry
-from ..kinds import CHAT, model_card
 from ..policy import limits
 from ..policy.kv import KVConfig, KVFieldError, kv_config
 from ..tools.calls import ToolCall

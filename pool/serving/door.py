@@ -12,12 +12,12 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator
 
+from ..catalog.kinds import Kind
 from ..engines.protocol import EngineError, RequestAborted
 from ..errors import Busy, EngineFailure, ModelQueueFull, WrongKind
 from ..host.engine_pool import EnginePool
 from ..host.entries import Entry
 from ..host.gate import RequestGate
-from ..kinds import Kind
 from ..policy.vocabulary import Change, Rejection
 from .slots import ModelSlots
 

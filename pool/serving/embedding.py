@@ -9,8 +9,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ..catalog.kinds import EMBEDDINGS
 from ..errors import InvalidRequest
-from ..kinds import EMBEDDINGS
 from .door import Door
 from .specs import EmbeddingSpec
 

@@ -221,7 +221,7 @@ def test_tool_fields_and_tool_history_are_carried_without_breaking_a_request(ser
 
 
 def test_a_constraint_reaches_every_choice_and_its_logprobs_stay_json(server):
-    """response_format's constraint (pool/api/structured.py) gives each of n choices a processor of
+    """response_format's constraint (pool/api/openai/structured.py) gives each of n choices a processor of
     its own; tokens it rules out have logprob -inf, which JSON cannot say: OpenAI's -9999.0 instead."""
     r = server.post("/v1/chat/completions", {"model": DEMO, "messages": QUESTION, "max_tokens": 6, "n": 2,
                                              "temperature": 0, "logprobs": True, "top_logprobs": 20,

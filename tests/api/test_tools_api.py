@@ -11,7 +11,7 @@ import jsonschema
 import openai
 import pytest
 
-from pool.kinds import CHAT, EMBEDDINGS, model_card
+from pool.catalog.kinds import CHAT, EMBEDDINGS, model_card
 from tests.conftest import DEMO
 
 MINILM = "all-MiniLM-L6-v2"

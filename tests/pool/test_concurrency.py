@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from pool.errors import Busy, InvalidRequest, ModelQueueFull
-from pool.metrics import Metrics
+from pool.observe.metrics import Metrics
 from pool.serving.completion import CompletionSpec
 from pool.serving.slots import ModelSlots
 from tests.fakes import Core, Spec, model_folders

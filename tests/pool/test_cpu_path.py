@@ -12,8 +12,8 @@ import pytest
 
 import omlx_site.blas
 from pool.backend import cpu_backend
+from pool.catalog.discovery import dense_size, discover, weights_size
 from pool.conf import ImproperlyConfigured, get_settings, read_setting, reload_settings
-from pool.discovery import dense_size, discover, weights_size
 from tests.conftest import DEMO, ROOT, as_the_pool_loads
 from tests.fakes import FakeProbe, Memory
 

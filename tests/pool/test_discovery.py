@@ -1,6 +1,6 @@
 """Model discovery over the three folder layouts."""
 
-from pool.discovery import discover
+from pool.catalog.discovery import discover
 
 
 def model(folder, weights=b"x" * 10):

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pool.discovery import discover
+from pool.catalog.discovery import discover
+from pool.catalog.kinds import CHAT, EMBEDDINGS, folder_kind
 from pool.errors import InsufficientMemory, InvalidRequest, WrongKind
-from pool.kinds import CHAT, EMBEDDINGS, folder_kind
 from pool.serving.embedding import EmbeddingSpec, check_dimensions, check_tokens
 from tests.fakes import Core, model_folders
 

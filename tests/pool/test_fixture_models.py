@@ -6,7 +6,7 @@ from io import StringIO
 
 import pytest
 
-from pool.fixture_models import make_fixture_model, plan, planned_bytes
+from pool.catalog.fixture_models import make_fixture_model, plan, planned_bytes
 
 VOCAB = 49152  # SmolLM2's tokenizer
 

@@ -8,7 +8,7 @@ from io import StringIO
 
 import pytest
 
-from pool.gguf import GGUFImportError, convert, default_name, find_gguf_in_package, is_model_dir, resolve_source
+from pool.catalog.gguf import GGUFImportError, convert, default_name, find_gguf_in_package, is_model_dir, resolve_source
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

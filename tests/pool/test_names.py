@@ -2,7 +2,7 @@
 
 import pytest
 
-from pool.names import resolve_name
+from pool.catalog.names import resolve_name
 
 MODELS = [("Qwen3-8B", "qwen"), ("llama", None), ("LLAMA-big", "Llama"), ("org/Model", None)]
 

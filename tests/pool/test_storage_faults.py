@@ -30,9 +30,9 @@ from pool.engines.disk_cache import DiskCache
 from pool.errors import DatabaseBusy, StorageUnavailable
 from pool.events import EventLog
 from pool.models import EvictionEvent, ModelSettings
+from pool.observe.telemetry import RETRY_SECONDS, Telemetry, with_unwritten
 from pool.policy.vocabulary import ActionKind, Reason
 from pool.storage import Component, Fault, StorageHealth
-from pool.telemetry import RETRY_SECONDS, Telemetry, with_unwritten
 
 NOW = 1_800_000_000.0
 

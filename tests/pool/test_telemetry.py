@@ -6,10 +6,10 @@ import sqlite3
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pool.metrics import Metrics
+from pool.observe.metrics import Metrics
+from pool.observe.telemetry import PRUNE_EVERY_SECONDS, Telemetry
 from pool.policy.vocabulary import Reason
 from pool.serving.completion import CompletionSpec
-from pool.telemetry import PRUNE_EVERY_SECONDS, Telemetry
 from tests.fakes import Core, Spec, model_folders
 
 DAY = 86400

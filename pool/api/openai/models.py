@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.http import JsonResponse
 
-from ...kinds import model_card
+from ...catalog.kinds import model_card
 from ...router import Router
 from ...runtime import get_runtime
 from ..auth import require_key

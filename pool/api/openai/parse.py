@@ -167,7 +167,7 @@ def _logit_bias(body) -> tuple[tuple[int, float], ...]:
 
 
 def _response_format(body):
-    """The constraint `response_format` asks for, or None (pool/api/structured.py)."""
+    """The constraint `response_format` asks for, or None (structured.py)."""
     value = body.get("response_format")
     return parse_response_format(value) if value is not None else None
 

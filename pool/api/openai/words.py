@@ -7,7 +7,7 @@ import json
 
 from ...errors import ContextLengthExceeded, PoolError, WrongKind
 
-# The routes that serve each kind of model (pool/kinds.py), for a request that names the wrong kind.
+# The routes that serve each kind of model (pool/catalog/kinds.py), for a request that names the wrong kind.
 ROUTES = {"chat": "/v1/chat/completions and /v1/completions", "embeddings": "/v1/embeddings"}
 
 

@@ -9,9 +9,9 @@ import time
 from django.http import HttpResponse, JsonResponse
 
 from ...errors import InvalidRequest
-from ...metrics import CONTENT_TYPE
+from ...observe.metrics import CONTENT_TYPE
+from ...observe.telemetry import MAX_POINTS
 from ...runtime import get_runtime
-from ...telemetry import MAX_POINTS
 from ..auth import AGGREGATE, require_key_or_staff, require_metrics_access
 from ..route import api_route
 from .public_metrics import without_model_ids

@@ -4,9 +4,9 @@ import time
 
 from django.core.management.base import BaseCommand, CommandError
 
-from pool.client import announce_new_models
+from pool.catalog.gguf import GGUFImportError, convert, default_name, folder_size, is_model_dir, resolve_source
 from pool.conf import get_settings
-from pool.gguf import GGUFImportError, convert, default_name, folder_size, is_model_dir, resolve_source
+from pool.management.client import announce_new_models
 
 
 def plain(text):

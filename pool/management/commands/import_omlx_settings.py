@@ -16,10 +16,10 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import IntegrityError, transaction
 
-from pool.client import ServerRefused, call_server, server_url
+from pool.catalog.discovery import discover
 from pool.conf import get_settings
-from pool.discovery import discover
 from pool.errors import InvalidRequest
+from pool.management.client import ServerRefused, call_server, server_url
 from pool.models import ModelSettings
 from pool.services import OMLX_NAMES, SETTINGS_FIELDS, coerce_settings, invalid_settings, write_model_settings
 

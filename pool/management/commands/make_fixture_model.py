@@ -4,9 +4,9 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from pool.client import announce_new_models
+from pool.catalog.gguf import folder_size
 from pool.conf import get_settings
-from pool.gguf import folder_size
+from pool.management.client import announce_new_models
 
 
 class Command(BaseCommand):
@@ -26,7 +26,7 @@ class Command(BaseCommand):
                             help="model folder whose tokenizer is copied (default: the demo model)")
 
     def handle(self, *args, target, size_mb, seed=0, tokenizer_from=None, bits=None, **options):
-        from pool.fixture_models import make_fixture_model
+        from pool.catalog.fixture_models import make_fixture_model
 
         home = get_settings().home
         out_dir = Path(target).expanduser() if "/" in target or target.startswith(".") else home / "models" / target

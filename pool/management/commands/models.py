@@ -9,10 +9,10 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
-from pool.client import ServerRefused, call_server, server_url
+from pool.catalog.discovery import discover
 from pool.conf import get_settings
 from pool.database import DatabaseNotReady, ensure_schema
-from pool.discovery import discover
+from pool.management.client import ServerRefused, call_server, server_url
 from pool.models import ModelSettings
 from pool.policy.units import format_bytes
 from pool.policy.vocabulary import ModelState

@@ -11,11 +11,11 @@ from urllib.parse import quote
 
 from django.core.management.base import BaseCommand, CommandError
 
-from pool.client import ServerRefused, call_server, server_url
+from pool.catalog.discovery import discover
+from pool.catalog.names import resolve_name
 from pool.conf import get_settings
-from pool.discovery import discover
+from pool.management.client import ServerRefused, call_server, server_url
 from pool.models import ModelSettings
-from pool.names import resolve_name
 from pool.services import write_model_settings
 
 from .models import db_settings

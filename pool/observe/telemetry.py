@@ -24,7 +24,7 @@ from typing import Callable
 
 import sqlite_utils
 
-from . import storage
+from .. import storage
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pool.gguf import replace_dir
+from pool.catalog.gguf import replace_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                    "special_tokens_map.json", "generation_config.json")

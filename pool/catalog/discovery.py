@@ -3,7 +3,7 @@
 Layouts: flat `dir/<name>/`, organised `dir/<org>/<name>/` (id `<name>`), and the Hugging Face
 cache `dir/models--Org--Name/snapshots/<rev>/`, resolved through `refs/main` (id `Org/Name`).
 Adapter folders (adapter_config.json) are skipped. The first folder found for an id wins.
-Each folder is of one kind of model (pool/kinds.py: a chat model or an embedding model).
+Each folder is of one kind of model (pool/catalog/kinds.py: a chat model or an embedding model).
 """
 
 from __future__ import annotations
