@@ -5,15 +5,20 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: run test setup install blas browser bench-cpu bench-single bench-concurrency bench-isolation bench-swap bench-enforcer bench-dashboard bench-multiturn bench-resume bench-kv bench-constrained soak soak-tests clean
+.PHONY: run test lint setup install blas browser bench-cpu bench-single bench-concurrency bench-isolation bench-swap bench-enforcer bench-dashboard bench-multiturn bench-resume bench-kv bench-constrained soak soak-tests clean
 
 run: setup
 	$(PY) manage.py serve
 
 # Two workers: most tests spend their time waiting on a real server, so two files at a time fit 2 cores.
 TEST_WORKERS ?= 2
-test: setup browser
+test: setup browser lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# ruff (pyproject's rules; RUF100 makes each remaining noqa mean something) and mypy on the typed core
+lint: install
+	$(PY) -m ruff check pool dashboard omlx_site tests benchmarks manage.py
+	$(PY) -m mypy
 
 setup: $(STAMP) blas
 	$(PY) manage.py migrate --noinput -v 0

@@ -52,7 +52,8 @@ def peak_kv(server, prompt_tokens: int, fields: dict) -> int:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", type=Path, default=None, help="default: an 80 MB float32 fixture (24 layers, 3 KV heads of 64, like the demo model)")
+    p.add_argument("--model", type=Path, default=None,
+                   help="default: an 80 MB float32 fixture (24 layers, 3 KV heads of 64, like the demo model)")
     p.add_argument("--tokens", default="1024,2048,4000")
     args = p.parse_args()
     model = args.model or fixture("kv-bench-80", 80)

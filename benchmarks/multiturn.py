@@ -31,7 +31,8 @@ def history(tokenizer, target_tokens: int) -> list[dict]:
     text = STORY
     while len(tokenizer.encode(text)) < target_tokens:
         text += STORY
-    return [{"role": "user", "content": "Read this story.\n\n" + text}, {"role": "assistant", "content": "I have read it."}]
+    return [{"role": "user", "content": "Read this story.\n\n" + text},
+            {"role": "assistant", "content": "I have read it."}]
 
 
 def chat_turns(server, base: list[dict], turns: int) -> list[float]:

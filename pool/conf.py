@@ -127,21 +127,25 @@ SETTINGS: list[Setting] = [
     Setting("OMLX_HOME", "~/.omlx-site", lambda t: Path(t).expanduser(),
             "data folder: SQLite database, telemetry, converted models"),
     Setting("OMLX_MODEL_DIRS", "", lambda t: [Path(p).expanduser() for p in t.split(os.pathsep) if p],
-            "model folders separated by os.pathsep; empty = $OMLX_HOME/models plus the Hugging Face hub cache when it exists"),
+            "model folders separated by os.pathsep; empty = $OMLX_HOME/models plus the Hugging Face hub cache when it "
+            "exists"),
     Setting("OMLX_HOST", "127.0.0.1", str, "address `serve` listens on"),
     Setting("OMLX_PORT", "8000", int, "port `serve` listens on"),
     Setting("OMLX_API_KEY", "", str,
             "unset = loopback only; set = /v1/*, /api/*, /metrics and the websocket need it (Bearer or x-api-key)"),
     Setting("OMLX_ALLOWED_HOSTS", "", name_list,
-            "more names the server answers to (comma-separated; `.example.com` takes subdomains; `*` turns the Host check off)"),
+            "more names the server answers to (comma-separated; `.example.com` takes subdomains; `*` turns the Host "
+            "check off)"),
     Setting("OMLX_METRICS_PUBLIC", "0", flag,
-            "1 = /metrics answers without the key or from other machines, model ids left out; 0 = it needs what /api/* needs"),
+            "1 = /metrics answers without the key or from other machines, model ids left out; 0 = it needs what "
+            "/api/* needs"),
     Setting("OMLX_SHUTDOWN_GRACE", "10", parse_duration,
             "seconds running requests may finish after SIGTERM before they are ended with an error"),
     Setting("OMLX_HEADER_TIMEOUT", "30", parse_duration,
             "seconds a client has to send a request's line and headers; then the connection is closed (0 = no limit)"),
     Setting("OMLX_IDLE_TIMEOUT", "60", parse_duration,
-            "seconds a connection may stay silent while its request is read or between requests (never while answering)"),
+            "seconds a connection may stay silent while its request is read or between requests (never while "
+            "answering)"),
     Setting("OMLX_MAX_MODEL_MEMORY", "auto", size_or_keyword("auto", "off"),
             "model budget: a size, `auto` or `off`"),
     Setting("OMLX_MAX_LOADED_MODELS", "0", non_negative_int, "at most this many models loaded at once; 0 = no cap"),
@@ -149,7 +153,8 @@ SETTINGS: list[Setting] = [
     Setting("OMLX_MEMORY_CEILING", "auto", size_or_keyword("auto", "off"),
             "process memory ceiling for the enforcer: a size, `auto` or `off`"),
     Setting("OMLX_MEMORY_GUARD", "balanced", choice("safe", "balanced", "aggressive"),
-            "reserve kept free under `auto` ceiling: safe 8 GiB, balanced 6 GiB, aggressive 4 GiB (4 GiB under 24 GiB RAM)"),
+            "reserve kept free under `auto` ceiling: safe 8 GiB, balanced 6 GiB, aggressive 4 GiB (4 GiB under 24 GiB "
+            "RAM)"),
     Setting("OMLX_SOFT_FRACTION", "0.90", fraction, "soft pressure line as a fraction of the ceiling"),
     Setting("OMLX_HARD_FRACTION", "0.95", fraction, "hard pressure line as a fraction of the ceiling"),
     Setting("OMLX_ADMISSION_WAIT", "30", parse_duration, "seconds a new request may wait while admission is paused"),
@@ -161,16 +166,21 @@ SETTINGS: list[Setting] = [
     Setting("OMLX_QUEUE_PER_MODEL", "64", non_negative_int,
             "requests that may wait for one model's slot (first come first served); beyond that a 503"),
     Setting("OMLX_PREFILL_STEP", "512", positive_int,
-            "prompt tokens read per step; running streams decode a token between two steps (memory pressure lowers it)", group=TUNING),
+            "prompt tokens read per step; running streams decode a token between two steps (memory pressure lowers "
+            "it)", group=TUNING),
     Setting("OMLX_LOAD_GROUP_BYTES", "64MiB", parse_size,
-            "weight bytes evaluated at a time while a model loads: smaller groups hold other models' streams up for less, larger ones load faster", group=TUNING),
+            "weight bytes evaluated at a time while a model loads: smaller groups hold other models' streams up for "
+            "less, larger ones load faster", group=TUNING),
     Setting("OMLX_SSE_KEEPALIVE", "10", optional_duration,
-            "seconds between SSE keep-alives (`: keep-alive` comments; `ping` events on /v1/messages) while a stream waits for its first token; `off` or 0 = none"),
+            "seconds between SSE keep-alives (`: keep-alive` comments; `ping` events on /v1/messages) while a stream "
+            "waits for its first token; `off` or 0 = none"),
     Setting("OMLX_CONTEXT_FALLBACK", "32768", positive_int,
             "context length (tokens) assumed for a model whose config.json names none; it caps prompt + max_tokens"),
     Setting("OMLX_PROMPT_CHARS_PER_TOKEN", "16", positive_int,
-            "a prompt of more characters than the model's context times this is refused (400 `context_length_exceeded`) before it is tokenised", group=TUNING),
-    Setting("OMLX_MAX_MESSAGES", "2048", positive_int, "messages one chat request may hold; more is a 400 naming `messages`"),
+            "a prompt of more characters than the model's context times this is refused (400 "
+            "`context_length_exceeded`) before it is tokenised", group=TUNING),
+    Setting("OMLX_MAX_MESSAGES", "2048", positive_int,
+            "messages one chat request may hold; more is a 400 naming `messages`"),
     Setting("OMLX_MAX_TOOLS", "128", positive_int, "tools one request may offer; more is a 400 naming `tools`"),
     Setting("OMLX_MAX_STOP_LENGTH", "256", positive_int,
             "characters in one stop string (`stop`, `stop_sequences`); longer is a 400 naming the field"),
@@ -178,9 +188,11 @@ SETTINGS: list[Setting] = [
             "seconds a Python thread may hold the GIL while another waits (sys.setswitchinterval)", group=TUNING),
     Setting("OMLX_TELEMETRY_DAYS", "7", float, "days of enforcer telemetry kept"),
     Setting("OMLX_DB_BUSY_TIMEOUT", "5", parse_duration,
-            "seconds a settings write waits for another process's database lock before a 503 `database_busy` (Retry-After)", group=TUNING),
+            "seconds a settings write waits for another process's database lock before a 503 `database_busy` "
+            "(Retry-After)", group=TUNING),
     Setting("OMLX_STORAGE_SETTLE", "15", parse_duration,
-            "seconds writes under the data folder must work without a failure before a storage fault is reported recovered", group=TUNING),
+            "seconds writes under the data folder must work without a failure before a storage fault is reported "
+            "recovered", group=TUNING),
     Setting("OMLX_PROMPT_CACHE_BYTES", "auto", size_or_keyword("auto", "off"),
             "each loaded model's prefix (prompt) cache cap: a size, `auto` = a tenth of the model budget, or `off`"),
     Setting("OMLX_PROMPT_CACHE_ENTRIES", "10", non_negative_int, "at most this many prompt cache entries per model"),
@@ -189,9 +201,11 @@ SETTINGS: list[Setting] = [
     Setting("OMLX_MEMORY_PROBE", "real", choice("real", "fake"),
             "`fake` reads memory from $OMLX_HOME/fake_probe.json (tests only)", group=TESTING),
     Setting("OMLX_BLAS", "auto", choice("auto", "openblas", "mkl", "off"),
-            "BLAS loaded before MLX on the CPU backend: `auto` = OpenBLAS, else MKL; `off` = MLX's bundled one", group=TUNING),
+            "BLAS loaded before MLX on the CPU backend: `auto` = OpenBLAS, else MKL; `off` = MLX's bundled "
+            "one", group=TUNING),
     Setting("OMLX_CPU_DEQUANTIZE", "auto", choice("auto", "on", "off"),
-            "serve quantized models as float32 on the CPU backend: `auto` = when the float32 size fits the model budget"),
+            "serve quantized models as float32 on the CPU backend: `auto` = when the float32 size fits the model "
+            "budget"),
 ]
 
 

@@ -50,7 +50,8 @@ class ModelSettings(models.Model):
         null=True, blank=True, validators=_between(0, MAX_SECONDS, f"must be at most {MAX_SECONDS} (ten years)"),
         help_text="Unload after this many idle seconds; empty = global OMLX_IDLE_TTL.")
     temperature = models.FloatField(null=True, blank=True, validators=_between(0, 2, "must be between 0 and 2"))
-    top_p = models.FloatField(null=True, blank=True, validators=[_positive_top_p, MaxValueValidator(1, message="must be in (0, 1]")])
+    top_p = models.FloatField(null=True, blank=True,
+                              validators=[_positive_top_p, MaxValueValidator(1, message="must be in (0, 1]")])
     max_tokens = models.PositiveIntegerField(null=True, blank=True,
                                              validators=_between(1, MAX_TOKENS, f"must be between 1 and {MAX_TOKENS}"))
     alias = models.CharField(max_length=255, unique=True, null=True, blank=True,

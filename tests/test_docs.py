@@ -115,3 +115,20 @@ def test_the_readmes_snippet_runs(start_server, tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip(), "the snippet printed no answer"
+
+
+def test_every_file_and_module_the_architecture_names_exists():
+    """docs/architecture.md names files (in its tree and in text) and modules: each must exist, so the
+    page follows the code when a module moves."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    names = set(re.findall(r"\b([a-z_]+\.py)\b", text))
+    existing = {p.name for folder in ("pool", "dashboard", "omlx_site", "tests", "benchmarks")
+                for p in (ROOT / folder).rglob("*.py")} | {"manage.py"}
+    assert names - existing == set()
+    for module in set(re.findall(r"`((?:pool|omlx_site|dashboard)(?:\.[a-z_]+)+)", text)):
+        path = ROOT / module.replace(".", "/")
+        parts = module.split(".")
+        assert (path.with_suffix(".py").exists() or path.is_dir()
+                or (ROOT / "/".join(parts[:-1])).with_suffix(".py").exists()), module
+    for folder in set(re.findall(r"^\s+([a-z_]+)/\s", text, re.M)):
+        assert any(p.is_dir() for p in ROOT.rglob(folder) if ".venv" not in p.parts), folder

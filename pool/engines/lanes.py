@@ -168,8 +168,8 @@ class BatchLane:
         cache, tokens = self._generator.remove([g], return_prompt_caches=True)[g]
         self._forget(g)
         trim_prompt_cache(cache, 1)           # the batch's look-ahead: feed its last token again
-        self._single = SingleSequence(self.model, Pending(uid, tokens[-1:], cache, tokens[:-1], remaining, entered.sampler,
-                                                entered.processors), self._stop)
+        pending = Pending(uid, tokens[-1:], cache, tokens[:-1], remaining, entered.sampler, entered.processors)
+        self._single = SingleSequence(self.model, pending, self._stop)
 
     def _forget(self, g: int) -> None:
         uid = self._in_batch.pop(g)

@@ -157,7 +157,8 @@ def _read_ahead(path: Path) -> None:
 
 def model_info(model, config: dict) -> dict:
     args = getattr(model, "args", None)
-    layers = getattr(args, "num_hidden_layers", None) or config.get("num_hidden_layers") or len(getattr(model, "layers", []))
+    layers = (getattr(args, "num_hidden_layers", None) or config.get("num_hidden_layers")
+              or len(getattr(model, "layers", [])))
     heads = getattr(args, "num_attention_heads", None) or config.get("num_attention_heads") or 1
     kv_heads = getattr(args, "num_key_value_heads", None) or config.get("num_key_value_heads") or heads
     hidden = getattr(args, "hidden_size", None) or config.get("hidden_size") or 0

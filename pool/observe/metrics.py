@@ -130,7 +130,8 @@ class _SnapshotCollector:
                                 value=int(bool(memory.get("admission_paused"))))
 
         models = snap["models"]
-        yield GaugeMetricFamily("loaded_models", "Models loaded.", value=sum(m["state"] == ModelState.LOADED for m in models))
+        yield GaugeMetricFamily("loaded_models", "Models loaded.",
+                                value=sum(m["state"] == ModelState.LOADED for m in models))
         states = GaugeMetricFamily("model_state", "1 for each model's current state.", labels=["model", "state"])
         active = GaugeMetricFamily("active_requests", "Requests in flight, by model.", labels=["model"])
         footprint = GaugeMetricFamily("model_measured_bytes", "Memory a model took when it loaded.",

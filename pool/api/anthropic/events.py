@@ -46,7 +46,8 @@ def content_blocks(pieces: list[Piece]) -> list[dict]:
     blocks: list[dict] = []
     for piece in pieces:
         if isinstance(piece, ToolUse):
-            blocks.append({"type": "tool_use", "id": piece.id, "name": piece.name, "input": tool_input(piece.arguments)})
+            blocks.append({"type": "tool_use", "id": piece.id, "name": piece.name,
+                           "input": tool_input(piece.arguments)})
         elif not piece.text:
             continue
         elif blocks and blocks[-1]["type"] == "text":

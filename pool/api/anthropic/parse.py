@@ -32,7 +32,7 @@ class MessagesRequest:
 
 def read_body(request) -> dict:
     try:
-        request.body
+        _ = request.body      # Django raises here when the body is over its limit
     except RequestDataTooBig:
         raise RequestTooLarge("The request body is larger than this server takes.") from None
     return json_body(request)
@@ -267,6 +267,7 @@ def openai_tool_choice(choice, names: set[str]) -> tuple[object, bool]:
     if kind == "tool":
         name = choice.get("name")
         if name not in names:
-            raise InvalidRequest(f"tool_choice.name: must name one of the tools; got {name!r}", param="tool_choice.name")
+            raise InvalidRequest(f"tool_choice.name: must name one of the tools; got {name!r}",
+                                 param="tool_choice.name")
         return {"type": "function", "function": {"name": name}}, parallel
     raise InvalidRequest("tool_choice.type: must be one of 'auto', 'any', 'tool', 'none'", param="tool_choice.type")

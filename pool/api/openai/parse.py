@@ -71,7 +71,8 @@ def _messages(body) -> list[dict]:
             message["tool_calls"] = _history_tool_calls(m["tool_calls"], f"messages[{i}].tool_calls")
         if role == "tool" and m.get("tool_call_id") is not None:
             if not isinstance(m["tool_call_id"], str):
-                raise InvalidRequest(f"messages[{i}].tool_call_id must be a string", param=f"messages[{i}].tool_call_id")
+                raise InvalidRequest(f"messages[{i}].tool_call_id must be a string",
+                                     param=f"messages[{i}].tool_call_id")
             message["tool_call_id"] = m["tool_call_id"]
         clean.append(message)
     return clean

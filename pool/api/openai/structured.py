@@ -50,4 +50,5 @@ def _schema_constraint(schema, strict, where: str):
     try:
         return json_schema(schema, strict)
     except UnsupportedSchema as e:
-        raise InvalidRequest(f"'{where}' cannot be enforced: {e.feature}", param=PARAM, code="unsupported_schema") from None
+        raise InvalidRequest(f"'{where}' cannot be enforced: {e.feature}", param=PARAM,
+                             code="unsupported_schema") from None
