@@ -10,7 +10,7 @@ out=${OUT:-/tmp/out}; mkdir -p "$out"
 model=/tmp/models/llama-1g-bf16
 python3 -c 'import mlx.core as mx; print(mx.default_device(), mx.device_info())'
 [ -f "$model/config.json" ] || python3 -c "
-from pool.fixture_models import make_fixture_model
+from pool.catalog.fixture_models import make_fixture_model
 make_fixture_model('$model', 1000, tokenizer_from='$tokenizer', dtype='bfloat16', seed=1)"
 cd benchmarks
 python3 kv_memory.py --model "$model" 2>&1 | tee "$out/kv_memory.txt"

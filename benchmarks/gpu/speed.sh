@@ -15,10 +15,10 @@ bf16=/tmp/models/llama-2g-bf16
 q4=/tmp/models/llama-1500m-q4
 python3 -c 'import mlx.core as mx; print(mx.default_device(), mx.device_info())'
 [ -f "$bf16/config.json" ] || python3 -c "
-from pool.fixture_models import make_fixture_model
+from pool.catalog.fixture_models import make_fixture_model
 make_fixture_model('$bf16', 2000, tokenizer_from='$tokenizer', dtype='bfloat16', seed=1)"
 [ -f "$q4/config.json" ] || python3 -c "
-from pool.fixture_models import make_fixture_model
+from pool.catalog.fixture_models import make_fixture_model
 make_fixture_model('$q4', 1500, tokenizer_from='$tokenizer', dtype='bfloat16', seed=2, bits=4)"
 du -sh "$bf16" "$q4"
 cd benchmarks
