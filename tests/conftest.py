@@ -195,7 +195,7 @@ class Server(ServerCalls):
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-                raise AssertionError(f"server did not stop on {sig!r}:\n{self.log_text()[-3000:]}")
+                raise AssertionError(f"server did not stop on {sig!r}:\n{self.log_text()[-3000:]}") from None
         finally:
             if getattr(self, "log", None) is not None:
                 self.log.close()

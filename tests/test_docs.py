@@ -46,7 +46,8 @@ def test_every_setting_is_in_its_groups_table_with_its_default(setting):
     assert setting.name in rows, f"{setting.name} has no row in docs/configuration.md"
     heading, default = rows[setting.name]
     assert heading == SECTIONS[setting.group], f"{setting.name} is under {heading!r}, not {SECTIONS[setting.group]!r}"
-    assert default == (f"`{setting.default}`" if setting.default else "(empty)"), f"{setting.name}'s default cell: {default}"
+    assert default == (f"`{setting.default}`" if setting.default else "(empty)"), \
+        f"{setting.name}'s default cell: {default}"
 
 
 def test_no_stale_setting_names():

@@ -119,7 +119,7 @@ def test_damaged_models_are_a_clear_409_while_another_model_streams(start_server
         for _ in range(2):                                    # the second answer comes from the cached failure
             clear_error(server.chat(name), name, hidden=(tmp_path, server.home))
         assert server.model(name)["state"] == "failed" and server.model(name)["failure"]
-        server.wait_for(lambda: len(stream.lines) > before, timeout=10)   # the demo kept streaming
+        server.wait_for(lambda before=before: len(stream.lines) > before, timeout=10)   # the demo kept streaming
     clear_error(server.chat("no-config"), "no-config", statuses=(404,))
     stream.close()
     assert server.chat(DEMO).status_code == 200
@@ -323,7 +323,7 @@ def test_every_request_of_a_burst_gets_a_whole_answer(start_server, make_model):
     for wave in range(3):
         results: list = [None] * len(jobs)
 
-        def run(i: int, model: str, kind: str) -> None:
+        def run(i: int, model: str, kind: str, results: list = results) -> None:   # this wave's list
             try:
                 results[i] = (model, kind, *one_request(server, model, kind))
             except Exception as e:  # noqa: BLE001 - the failure this test looks for

@@ -156,7 +156,8 @@ def _spied(code: str) -> list[dict]:
 def test_importing_the_pool_sets_nothing_up_in_the_process():
     """No BLAS preload, no mallopt, no environment change and no MLX from importing the core: the
     entry points call omlx_site.process.setup_process() first."""
-    first, runtime = _spied("import pool, pool.host.engine_pool\nreport('pool')\nimport pool.runtime\nreport('runtime')")
+    first, runtime = _spied("import pool, pool.host.engine_pool\nreport('pool')\n"
+                            "import pool.runtime\nreport('runtime')")
     assert first["mlx"] is False and first["env"] is None      # (mlx_lm sets the variable itself)
     assert runtime["mlx"] is False
     for stage in (first, runtime):

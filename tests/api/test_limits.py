@@ -1,8 +1,8 @@
-"""Request limits through the ASGI application in this process: the model's context caps prompt + max_tokens (OpenAI's and
-Anthropic's 400s), a prompt too large is refused before it is tokenised and leaves no resident
-memory behind, the documented count and length limits, SSE keep-alives during a long prefill, and
-error messages that name the right thing (no chat template for a completion prompt, no absolute
-paths from a failed load)."""
+"""Request limits through the ASGI application in this process: the model's context caps prompt + max_tokens
+(OpenAI's and Anthropic's 400s), a prompt too large is refused before it is tokenised and leaves no resident
+memory behind, the documented count and length limits, SSE keep-alives during a long prefill, and error
+messages that name the right thing (no chat template for a completion prompt, no absolute paths from a failed
+load)."""
 
 from __future__ import annotations
 
@@ -271,7 +271,8 @@ def test_closing_the_stream_during_keepalives_cancels_the_wait():
 
 def test_a_bad_completion_prompt_is_not_called_a_chat_template_error(server):
     # a lone surrogate: no tokenizer takes it (the body is refused as it is read, pool/strict_json.py)
-    error = _error(server.post("/v1/completions", content=b'{"model": "%s", "prompt": "bad \\ud800 text"}' % DEMO.encode(),
+    error = _error(server.post("/v1/completions",
+                               content=b'{"model": "%s", "prompt": "bad \\ud800 text"}' % DEMO.encode(),
                                headers={"Content-Type": "application/json"}))
     assert "template" not in error["message"] and "surrogate" in error["message"]
     # a prompt that does not fit names the prompt, not messages or a template

@@ -1,5 +1,5 @@
-"""Per-model concurrency through the ASGI application in this process: one request runs, one waits, the next is a 503 with
-Retry-After; a client that gives up while queued leaves the queue. The running request is a stream
+"""Per-model concurrency through the ASGI application in this process: one request runs, one waits, the next is a
+503 with Retry-After; a client that gives up while queued leaves the queue. The running request is a stream
 held open until the test closes it: how fast this machine generates changes nothing."""
 
 import json
@@ -13,7 +13,7 @@ from tests.conftest import DEMO
 def test_one_runs_one_waits_the_third_is_a_503_and_a_client_gone_leaves_the_queue(start_asgi_server):
     server = start_asgi_server(OMLX_MAX_CONCURRENT=1, OMLX_QUEUE_PER_MODEL=1)
     assert server.chat(DEMO).status_code == 200           # loaded: the queue below forms without a load
-    counts = lambda: (server.model(DEMO)["running"], server.model(DEMO)["queued"])  # noqa: E731
+    counts = lambda: (server.model(DEMO)["running"], server.model(DEMO)["queued"])
     results: dict[str, httpx.Response] = {}
 
     running = server.stream(DEMO)

@@ -171,8 +171,8 @@ def test_health_answers_while_generating(server):
 
 def test_disconnect_stops_generation(server):
     """A client that goes away mid-stream: the engine forgets the request."""
-    with server.stream_request("POST", "/v1/completions", timeout=60,
-                               json={"model": DEMO, "prompt": "Once upon a time", "max_tokens": 500, "stream": True}) as r:
+    body = {"model": DEMO, "prompt": "Once upon a time", "max_tokens": 500, "stream": True}
+    with server.stream_request("POST", "/v1/completions", timeout=60, json=body) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 assert server.model(DEMO)["active_requests"] == 1

@@ -266,7 +266,8 @@ def test_logprobs_render_in_openai_shapes():
         {"token": "Hi", "logprob": -0.5, "bytes": [72, 105],
          "top_logprobs": [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105]},
                           {"token": "Yo", "logprob": -9999.0, "bytes": [89, 111]}]},
-        {"token": "!", "logprob": -1.0, "bytes": [33], "top_logprobs": [{"token": "!", "logprob": -1.0, "bytes": [33]}]},
+        {"token": "!", "logprob": -1.0, "bytes": [33],
+         "top_logprobs": [{"token": "!", "logprob": -1.0, "bytes": [33]}]},
     ]}
     assert completion_logprobs(entries, offset=4) == {
         "tokens": ["Hi", "!"], "token_logprobs": [-0.5, -1.0],

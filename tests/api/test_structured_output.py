@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from tests.conftest import DEMO
-from tests.pool.test_constraints import SCHEMAS
+from tests.pool.constraint_schemas import SCHEMAS
 
 MAX_TOKENS = 160
 

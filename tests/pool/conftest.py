@@ -1,6 +1,8 @@
-"""Fixtures for the model-folder tests: the converted demo model, Django, a throwaway OMLX_HOME."""
+"""Fixtures for the model-folder tests: the converted demo model, Django, a throwaway OMLX_HOME; and the
+ones several files of tests/pool share (the tool tests' tokenizers, the storage-fault tests' record and disk)."""
 
 import os
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -114,3 +116,37 @@ def demo(demo_model_dir):
 
 def prompt(tokenizer, text: str) -> list[int]:
     return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
+
+
+@pytest.fixture(scope="session")
+def toks(demo_model_dir, tmp_path_factory) -> dict:
+    """The tool tests' tokenizers, by name (tests/pool/tools_fixtures.py): loaded once per worker and shared
+    by test_tool_formats.py, test_tool_prompts.py and test_tool_calls.py."""
+    from tests.pool.tools_fixtures import tool_tokenizers
+
+    return tool_tokenizers(demo_model_dir, tmp_path_factory.mktemp("tool-tokenizers"))
+
+
+@pytest.fixture
+def global_health():
+    """The process-wide storage record (the disk tier and settings writes report there), fresh; its
+    reports kept (tests/pool/storage_fixtures.py's Reports)."""
+    from pool import storage
+    from tests.pool.storage_fixtures import Reports
+
+    storage.health.reset(settle_seconds=0)
+    reports = Reports(storage.health)
+    yield reports
+    storage.health.reset()
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    """A 1 MB tmpfs (root only): a disk that really fills. Skipped where mounting is not allowed."""
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root): the full-disk case runs where it can")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -1,7 +1,7 @@
 """Constrained decoding on the demo model through mlx-lm itself (generate_step, BatchGenerator):
 JSON schemas whose outputs validate with jsonschema, json_object, tool calls that mlx-lm's
-json_tools parser reads, the processor following re-fed and shorter token lists, and the schema
-keywords it refuses, named."""
+json_tools parser reads, and the processor following re-fed and shorter token lists. The schemas are in
+constraint_schemas.py; the schema keywords it refuses, named, are in test_constraints_unsupported.py."""
 
 from __future__ import annotations
 
@@ -18,73 +18,11 @@ from mlx_lm.sample_utils import make_sampler
 from mlx_lm.tool_parsers import json_tools
 
 from pool.engines.grammar import make_processor, sync_plan
-from pool.serving.constraints import (
-    TOOL_CALL_END,
-    TOOL_CALL_START,
-    UnsupportedSchema,
-    json_object,
-    json_schema,
-    tool_calls,
-    unsupported_feature,
-)
+from pool.serving.constraints import TOOL_CALL_END, TOOL_CALL_START, json_object, json_schema, tool_calls
+from tests.pool.constraint_schemas import SCHEMAS
 
 MAX_TOKENS = 160
 SAMPLED = {"temp": 0.9, "top_p": 0.95}
-
-# name -> (schema, what the user asks for)
-SCHEMAS = {
-    "flat_required": ({"type": "object", "additionalProperties": False, "required": ["name", "age"],
-                       "properties": {"name": {"type": "string", "maxLength": 30},
-                                      "age": {"type": "integer", "minimum": 0, "maximum": 120}}},
-                      "Describe a person as JSON with a name and an age."),
-    "nested_enum_bounds": ({"type": "object", "additionalProperties": False, "required": ["user", "status", "score"],
-                            "properties": {
-                                "user": {"type": "object", "additionalProperties": False, "required": ["id", "tags"],
-                                         "properties": {"id": {"type": "integer", "minimum": 1, "maximum": 9999},
-                                                        "tags": {"type": "array", "maxItems": 3,
-                                                                 "items": {"type": "string", "maxLength": 12}}}},
-                                "status": {"enum": ["active", "inactive", "banned"]},
-                                "score": {"type": "number", "minimum": 0, "maximum": 100}}},
-                           "Give a user record as JSON: the user, a status and a score."),
-    "array_of_integers": ({"type": "array", "minItems": 2, "maxItems": 5,
-                           "items": {"type": "integer", "minimum": -50, "maximum": 50}},
-                          "List a few small numbers as a JSON array."),
-    "top_level_enum": ({"enum": ["red", "green", "blue"]}, "Which colour is the sky? Answer in JSON."),
-    "patterns": ({"type": "object", "additionalProperties": False, "required": ["date", "code"],
-                  "properties": {"date": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
-                                 "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{3}$"}}},
-                 "Give a flight date and a booking code as JSON."),
-    "any_of": ({"type": "object", "additionalProperties": False, "required": ["value", "unit"],
-                "properties": {"value": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 1000},
-                                                   {"type": "string", "maxLength": 10}, {"type": "null"}]},
-                               "unit": {"type": ["string", "null"], "maxLength": 8}}},
-               "Give a measurement as JSON with a value and a unit."),
-    "const_boolean_optional": ({"type": "object", "additionalProperties": False, "required": ["version", "ok"],
-                                "properties": {"version": {"const": "1.0"}, "ok": {"type": "boolean"},
-                                               "note": {"type": "string", "maxLength": 20}}},
-                               "Report a health check as JSON."),
-    "defs_and_refs": ({"$defs": {"address": {"type": "object", "additionalProperties": False,
-                                             "required": ["street", "city"],
-                                             "properties": {"street": {"type": "string", "maxLength": 30},
-                                                            "city": {"type": "string", "maxLength": 20}}}},
-                       "type": "object", "additionalProperties": False, "required": ["home", "others"],
-                       "properties": {"home": {"$ref": "#/$defs/address"},
-                                      "others": {"type": "array", "maxItems": 2, "items": {"$ref": "#/$defs/address"}}}},
-                      "Give a home address and up to two other addresses as JSON."),
-    "one_of_shapes": ({"oneOf": [
-                           {"type": "object", "additionalProperties": False, "required": ["kind", "radius"],
-                            "properties": {"kind": {"const": "circle"},
-                                           "radius": {"type": "number", "exclusiveMinimum": 0, "maximum": 10}}},
-                           {"type": "object", "additionalProperties": False, "required": ["kind", "side"],
-                            "properties": {"kind": {"const": "square"},
-                                           "side": {"type": "integer", "minimum": 1, "maximum": 10}}}]},
-                      "Describe a shape as JSON."),
-    "formats_and_lengths": ({"type": "object", "additionalProperties": False, "required": ["email", "day", "nick"],
-                             "properties": {"email": {"type": "string", "format": "email", "maxLength": 40},
-                                            "day": {"type": "string", "format": "date"},
-                                            "nick": {"type": "string", "minLength": 3, "maxLength": 8}}},
-                            "Give a contact as JSON: an email, a birthday and a nickname."),
-}
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -145,7 +83,8 @@ def schema_outputs(demo):
     model, tokenizer = demo
     mx.random.seed(7)
     cases = [(name, mode) for name in SCHEMAS for mode in ("greedy", "sampled")]
-    requests = [(chat(tokenizer, SCHEMAS[name][1]), [make_processor(json_schema(SCHEMAS[name][0], True).grammar, tokenizer)],
+    requests = [(chat(tokenizer, SCHEMAS[name][1]),
+                 [make_processor(json_schema(SCHEMAS[name][0], True).grammar, tokenizer)],
                  make_sampler(**(SAMPLED if mode == "sampled" else {"temp": 0.0}))) for name, mode in cases]
     outputs = batched(model, tokenizer, requests)
     return {case: tokenizer.decode(tokens) for case, tokens in zip(cases, outputs)}
@@ -164,7 +103,8 @@ def test_json_object_gives_an_object_on_both_paths(demo):
     lone = alone(model, tokenizer, prompt, [processor], max_tokens=60)
     assert isinstance(json.loads(tokenizer.decode(lone)), dict)
     assert processor.consumed == lone and not processor.failed
-    (in_batch,) = batched(model, tokenizer, [(prompt, [make_processor(json_object().grammar, tokenizer)], make_sampler(temp=0.0))],
+    (in_batch,) = batched(model, tokenizer,
+                          [(prompt, [make_processor(json_object().grammar, tokenizer)], make_sampler(temp=0.0))],
                           max_tokens=60)
     assert in_batch == lone
 
@@ -191,8 +131,8 @@ def check_call(call: dict, tools: list[dict]) -> None:
 def test_tool_calls_parse_with_mlx_lm_and_arguments_validate(demo, question, tools, name, parallel, expected_name):
     model, tokenizer = demo
     constraint = tool_calls(tools, name, parallel, max_calls=2)
-    text = tokenizer.decode(alone(model, tokenizer, chat(tokenizer, question), [make_processor(constraint.grammar, tokenizer)],
-                                  max_tokens=120))
+    text = tokenizer.decode(alone(model, tokenizer, chat(tokenizer, question),
+                                  [make_processor(constraint.grammar, tokenizer)], max_tokens=120))
     calls = calls_in(text)
     assert 1 <= len(calls) <= (2 if parallel else 1)
     for call in calls:
@@ -209,7 +149,8 @@ def test_tool_calls_parse_with_mlx_lm_and_arguments_validate(demo, question, too
 ])
 def test_parallel_calls_stop_at_the_cap(demo, parallel, max_calls, calls_written, more_allowed):
     _, tokenizer = demo
-    one = f'{TOOL_CALL_START}\n{{"name": "get_weather", "arguments": {{"city": "Oslo", "unit": "celsius"}}}}\n{TOOL_CALL_END}'
+    one = (f'{TOOL_CALL_START}\n{{"name": "get_weather", "arguments": {{"city": "Oslo", "unit": "celsius"}}}}\n'
+           f'{TOOL_CALL_END}')
     written = list(tokenizer.encode("\n".join([one] * calls_written), add_special_tokens=False))
     prompt = chat(tokenizer, "weather")
     processor = make_processor(tool_calls([WEATHER], None, parallel, max_calls=max_calls).grammar, tokenizer)
@@ -228,8 +169,8 @@ def test_constrained_and_unconstrained_share_a_batch(demo):
     free_prompt = chat(tokenizer, "Write one sentence about the sea.")
     greedy = make_sampler(temp=0.0)
     constrained, free = batched(model, tokenizer, [
-        (constrained_prompt, [make_processor(json_schema(schema).grammar, tokenizer)], greedy), (free_prompt, [], greedy)],
-        max_tokens=40)
+        (constrained_prompt, [make_processor(json_schema(schema).grammar, tokenizer)], greedy),
+        (free_prompt, [], greedy)], max_tokens=40)
     valid(schema, tokenizer.decode(constrained))
     assert free == alone(model, tokenizer, free_prompt, [], max_tokens=40)
     assert not tokenizer.decode(free).lstrip().startswith("{")
@@ -251,7 +192,8 @@ def test_a_request_moved_from_generate_step_to_the_batch_continues_its_grammar(d
         if len(first) == 6:
             break
     steps.close()
-    trim_prompt_cache(cache, cache[0].offset - (len(prompt) + len(first) - 1))   # as pool/engines/single_sequence.py hands over
+    # as pool/engines/single_sequence.py hands over
+    trim_prompt_cache(cache, cache[0].offset - (len(prompt) + len(first) - 1))
     gen = BatchGenerator(model, stop_tokens=[[t] for t in tokenizer.eos_token_ids])
     try:
         (uid,) = gen.insert([first[-1:]], max_tokens=[MAX_TOKENS - len(first)], caches=[cache],
@@ -383,42 +325,3 @@ def test_the_processor_runs_on_a_thread_other_than_the_importing_one(demo):
 ])
 def test_sync_plan(consumed, seen, plan):
     assert sync_plan(consumed, seen) == plan
-
-
-# ---- what cannot be enforced is named ----------------------------------------------------------------
-
-@pytest.mark.parametrize("schema, feature", [
-    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems"),
-    ({"not": {"type": "string"}}, "not"),
-    ({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}, "if, then"),
-    ({"type": "array", "contains": {"type": "integer"}}, "contains"),
-    ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
-    ({"type": "string", "format": "hostname-ish"}, "hostname-ish"),
-    ({"type": "string", "pattern": "^(?=a)abc$"}, "look-around"),
-    ({"$ref": "https://example.com/schema.json"}, "https://example.com/schema.json"),
-    ({"type": "hiccup"}, "hiccup"),
-    ([1, 2], "JSON object"),
-])
-def test_unsupported_schema_names_the_feature(schema, feature):
-    with pytest.raises(UnsupportedSchema) as raised:
-        json_schema(schema, True)
-    assert feature in raised.value.feature
-
-
-def test_unsupported_parameters_of_a_tool_are_named():
-    tool = {"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"xs": {"type": "array", "uniqueItems": True}}}}}
-    with pytest.raises(UnsupportedSchema, match="uniqueItems"):
-        tool_calls([tool], None, True)
-
-
-@pytest.mark.parametrize("message, feature", [
-    ('Unimplemented keys: ["uniqueItems"]', "uniqueItems"),
-    ('Unimplemented keys: ["if", "then"]', "if, then"),
-    ("Unknown format: weird", "Unknown format: weird"),
-    ("regex parse error:\n    ^(?=a)$\n     ^^^\nerror: look-around is not supported",
-     "regex parse error: ^(?=a)$ error: look-around is not supported"),
-    ("", "unknown error"),
-])
-def test_unsupported_feature_from_the_library_message(message, feature):
-    assert unsupported_feature(message) == feature

@@ -86,7 +86,8 @@ def test_different_kv_configs_run_side_by_side_and_model_defaults_apply(start_se
 
     def ask(name, **fields):
         results[name] = chat(server, max_tokens=24, **fields)
-    configs = {"plain": {}, "rotating": {"max_kv_size": 256}, "q8": {"kv_bits": 8}, "q4": {"kv_bits": 4, "kv_group_size": 32}}
+    configs = {"plain": {}, "rotating": {"max_kv_size": 256}, "q8": {"kv_bits": 8},
+               "q4": {"kv_bits": 4, "kv_group_size": 32}}
     threads = [threading.Thread(target=ask, args=(name,), kwargs=fields) for name, fields in configs.items()]
     [t.start() for t in threads]
     [t.join(120) for t in threads]

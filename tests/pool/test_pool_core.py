@@ -162,7 +162,8 @@ async def test_the_serving_door_maps_an_abort_to_a_503_and_releases_the_lease(mo
     reader = asyncio.ensure_future(read())
     while not got:
         await asyncio.sleep(0.005)
-    await core.host.actions.abort_requests("a", reason=Reason.REQUESTS_ABORTED, message="pressure", code="memory_pressure")
+    await core.host.actions.abort_requests("a", reason=Reason.REQUESTS_ABORTED, message="pressure",
+                                           code="memory_pressure")
     with pytest.raises(Busy) as aborted:
         await reader
     assert aborted.value.code == "memory_pressure" and aborted.value.retry_after >= 1

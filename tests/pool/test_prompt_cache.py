@@ -42,7 +42,8 @@ def test_fetch_takes_the_longest_prefix_as_a_private_copy():
 def test_the_cache_never_holds_more_than_its_cap_or_its_entry_count():
     one = sum(c.nbytes for c in kv(300))
     evicted = []
-    store = PromptCache(max_bytes=int(3.5 * one), max_entries=5, on_evict=lambda tokens, cache: evicted.append(tokens[0]))
+    store = PromptCache(max_bytes=int(3.5 * one), max_entries=5,
+                        on_evict=lambda tokens, cache: evicted.append(tokens[0]))
     for i in range(12):
         store.store([1000 + i] + list(range(299)), kv(300))
         assert store.nbytes <= store.cap_bytes and store.entries <= 5

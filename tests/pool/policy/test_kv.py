@@ -24,8 +24,8 @@ EIGHT_B = dict(layers=32, kv_heads=8, head_dim=128, bytes_per_element=2)
         (8192, KVConfig(kv_bits=8, quantized_kv_start=8192), GIB),
     ],
     ids=["one-token-of-an-8b-model", "8k-tokens-is-1GiB", "no-tokens", "rotating-holds-its-window",
-         "rotating-under-its-window", "8-bit-half-plus-scales", "4-bit-quarter-plus-scales", "bigger-groups-fewer-scales",
-         "nothing-quantized-yet"],
+         "rotating-under-its-window", "8-bit-half-plus-scales", "4-bit-quarter-plus-scales",
+         "bigger-groups-fewer-scales", "nothing-quantized-yet"],
 )
 def test_kv_estimate(tokens, config, expected):
     assert kv_estimate(**EIGHT_B, tokens=tokens, config=config) == expected
