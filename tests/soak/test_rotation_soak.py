@@ -12,7 +12,7 @@ def test_memory_does_not_creep_over_many_rotations(start_server, make_model):
     models = {name: make_model(f"soak-{name}", 60, seed=30 + i) for i, name in enumerate("abc")}
     server = start_server(models, demo=False, OMLX_MAX_MODEL_MEMORY="160MB")
     usage = []
-    for i in range(ROUNDS):
+    for _ in range(ROUNDS):
         for name in "abc":
             r = server.post("/v1/completions", {"model": name, "prompt": "x", "max_tokens": 4})
             assert r.status_code == 200, r.text
