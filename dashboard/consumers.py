@@ -15,7 +15,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from pool import services
 from pool.errors import InvalidRequest, PoolError
 from pool.observe.broadcast import GROUP
-from pool.runtime import ensure_started
+from pool.runtime import ready_runtime
 from pool.strict_json import dumps_finite, loads_strict
 
 from .access import may_connect, same_origin
@@ -42,7 +42,7 @@ class PoolConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=REFUSED)  # before accept: the handshake is refused (HTTP 403)
             return
         self.pending: set[asyncio.Task] = set()
-        runtime = await ensure_started()
+        runtime = ready_runtime()
         await self.channel_layer.group_add(GROUP, self.channel_name)
         self.joined = True
         await self.accept()
@@ -88,7 +88,7 @@ class PoolConsumer(AsyncJsonWebsocketConsumer):
             raise InvalidRequest(f"unknown action {action!r}; known: {', '.join(ACTIONS)}")
         if not isinstance(model, str) or not model:
             raise InvalidRequest("'model' must be a model id")
-        runtime = await ensure_started()
+        runtime = ready_runtime()
         router = runtime.router
         model_id = router.resolve(model).model_id
         if action in ("pin", "unpin"):

@@ -38,13 +38,9 @@ def _tune_malloc() -> None:
         return   # not glibc
     if not hasattr(libc, "mallopt"):
         return
-    # Engines run on their own threads, and glibc gives each thread an arena of its own; its dynamic mmap
-    # threshold also climbs after the first large free, so later weight buffers land in arenas that
-    # malloc_trim cannot hand back. Measured: loading and unloading a 60 MB model 30 times on fresh
-    # threads grew RSS to 985 MB; with a fixed 1 MiB threshold (big buffers in their own mappings,
-    # returned on free) 88 MB. Through the server, 40 rotations of three models still crept from 325
-    # to 416 MB with per-thread arenas, and stayed flat at 351-357 MB with one arena. One arena cost
-    # about 8% of decode speed, though: the event loop and the engine threads took turns on its lock.
-    # Two keep them apart (the loop in the main arena, engines in the other) and bound the creep.
+    # glibc gives each thread an arena and raises its mmap threshold after the first large free, so
+    # freed weight buffers stay in arenas malloc_trim cannot hand back (30 loads of a 60 MB model:
+    # 985 MB resident; with a fixed 1 MiB threshold, 88 MB). Two arenas keep the event loop and the
+    # engine threads off one lock (one arena cost ~8% of decode speed) and bound the creep.
     libc.mallopt(M_MMAP_THRESHOLD, 2**20)
     libc.mallopt(M_ARENA_MAX, 2)

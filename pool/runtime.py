@@ -113,12 +113,14 @@ def get_runtime() -> Runtime:
     return _runtime
 
 
-async def ensure_started() -> Runtime:
+def ready_runtime() -> Runtime:
+    """The started runtime, for a route or a consumer; ServerNotReady (a 503 naming the reason) while
+    it is not. Starting it is the site's (omlx_site.startup, `serve`), not the routes'."""
     runtime = get_runtime()
     if not runtime.started:
-        await runtime.start()
-        if not runtime.started:
-            raise ServerNotReady(f"The server could not start: {runtime.failure}")
+        why = runtime.failure or "it is starting"
+        raise ServerNotReady(f"The server could not start: {why}" if runtime.failure else
+                             f"The server is not ready: {why}; retry shortly.")
     return runtime
 
 

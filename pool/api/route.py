@@ -1,6 +1,6 @@
 """The decorator every JSON route wears: method check, a JSON body on state-changing calls, Django's
-CSRF check on browser requests without the key, auth, the runtime ready, errors rendered in the
-route's dialect (`dialect=OPENAI` or `ANTHROPIC`, pool/api/dialects.py)."""
+CSRF check on browser requests without the key, auth, the runtime ready (omlx_site.startup starts
+it), errors rendered in the route's dialect (`dialect=OPENAI` or `ANTHROPIC`, dialects.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from ..errors import InvalidRequest, PoolError
-from ..runtime import ensure_started
+from ..runtime import ready_runtime
 from .auth import SAFE_METHODS, is_browser, key_valid, needs_csrf_check
 from .dialects import OPENAI, Dialect
 from .errors import MethodNotAllowed, error_response, internal_error
@@ -57,7 +57,7 @@ def api_route(*methods: str, auth=None, dialect: Dialect = OPENAI):
                     return refusal
                 if auth is not None:
                     await auth(request)
-                await ensure_started()
+                ready_runtime()
                 return await view(request, *args, **kwargs)
             except PoolError as e:
                 return error_response(e, dialect)

@@ -69,8 +69,8 @@ def prefill_verdict(*, kv_estimate: int, usage: int, evictable_bytes: int, recla
                     live_kv_bytes: int, hard_line: int) -> PrefillVerdict:
     """Whether a prompt's KV cache fits under the hard line: now, once the caches are reclaimed and the
     idle models evicted (FITS); only once the running requests' KV is freed too (BUSY: try again
-    shortly); or not even then (TOO_LARGE: the request itself is the problem). The soak found a
-    24-token prompt refused as too large because eight other clients' work filled memory."""
+    shortly); or not even then (TOO_LARGE: the request itself is the problem). Other requests' KV
+    must not make a small prompt look too large."""
     floor = usage - evictable_bytes - reclaimable_bytes
     if floor + kv_estimate <= hard_line:
         return PrefillVerdict.FITS
