@@ -3,8 +3,10 @@
 import secrets
 from pathlib import Path
 
+import dj_database_url
+
 from pool.conf import get_settings
-from pool.network import hosts_for
+from pool.network import advertised_names, hosts_for
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 OMLX = get_settings()
@@ -28,7 +30,7 @@ SECRET_KEY = _secret_key()
 DEBUG = False
 # Only the names this server answers to (DNS rebinding: a page on evil.example that resolves to
 # this machine is refused). `serve` recomputes it for its --host, without the test client's name.
-ALLOWED_HOSTS = [*hosts_for(OMLX.host, OMLX.allowed_hosts), "testserver"]
+ALLOWED_HOSTS = [*hosts_for(OMLX.host, OMLX.allowed_hosts), *advertised_names(OMLX), "testserver"]
 # A refused CSRF check answers the API's envelope on API paths, Django's page elsewhere.
 CSRF_FAILURE_VIEW = "pool.api.django_handlers.csrf_failure"
 
@@ -46,6 +48,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "pool.api.host_header.host_header",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -75,6 +78,11 @@ TEMPLATES = [
 
 ASGI_APPLICATION = "omlx_site.asgi.application"
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+if OMLX.redis_url:
+    # a fleet: every host's dashboards hear every host (docs/fleet.md); whole snapshots only, since the
+    # Redis layer drops what a full channel cannot take
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                                  "CONFIG": {"hosts": [OMLX.redis_url], "prefix": "omlx:channels"}}}
 
 DATABASES = {
     "default": {
@@ -92,6 +100,10 @@ DATABASES = {
         },
     }
 }
+if OMLX.database_url:
+    # a fleet's shared database: settings, pins, aliases, users and every host's history (telemetry
+    # stays in each host's $OMLX_HOME)
+    DATABASES["default"] = dj_database_url.parse(OMLX.database_url, conn_max_age=0, conn_health_checks=True)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LANGUAGE_CODE = "en-us"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from pathlib import Path
@@ -198,6 +199,22 @@ SETTINGS: list[Setting] = [
     Setting("OMLX_PROMPT_CACHE_ENTRIES", "10", non_negative_int, "at most this many prompt cache entries per model"),
     Setting("OMLX_PROMPT_CACHE_DISK_BYTES", "4GB", size_or_keyword("off"),
             "each model's prompt cache disk tier under $OMLX_HOME/prompt-cache/: a size or `off`"),
+    Setting("OMLX_DATABASE_URL", "", str,
+            "a fleet's shared database (settings, pins, aliases, users, history): `postgres://user:pass@host:5432/db`; "
+            "empty = SQLite in $OMLX_HOME"),
+    Setting("OMLX_REDIS_URL", "", str,
+            "a fleet's Redis (`redis://host:6379/0`): the live fleet, routing between hosts and the dashboards' "
+            "channel layer; empty = one host"),
+    Setting("OMLX_HOST_ID", "", str, "this host's name in the fleet; empty = the machine's name and the port"),
+    Setting("OMLX_ADVERTISE_URL", "", str,
+            "how the other hosts reach this host's API (`http://studio.local:8000`); empty = the address `serve` "
+            "listens on (the machine's name when that is 0.0.0.0)"),
+    Setting("OMLX_FLEET_KEY", "", str,
+            "the secret every host-to-host call carries; required with OMLX_REDIS_URL (the server refuses to start "
+            "without it)"),
+    Setting("OMLX_FLEET_TTL", "3", parse_duration,
+            "seconds a host stays in the fleet after its last publish (it publishes every third of that)",
+            group=TUNING),
     Setting("OMLX_MEMORY_PROBE", "real", choice("real", "fake"),
             "`fake` reads memory from $OMLX_HOME/fake_probe.json (tests only)", group=TESTING),
     Setting("OMLX_BLAS", "auto", choice("auto", "openblas", "mkl", "off"),
@@ -252,6 +269,12 @@ class Settings:
     prompt_cache_bytes: Size
     prompt_cache_entries: int
     prompt_cache_disk_bytes: Size
+    database_url: str
+    redis_url: str
+    host_id: str
+    advertise_url: str
+    fleet_key: str
+    fleet_ttl: float
     memory_probe: str
     blas: str
     cpu_dequantize: str
@@ -266,7 +289,15 @@ class Settings:
         values = {attr_name(s.name): _parsed(s, environ.get(s.name, s.default)) for s in SETTINGS}
         values["model_dirs"] = tuple(values["model_dirs"]) or _default_model_dirs(values["home"])
         values["allowed_hosts"] = tuple(values["allowed_hosts"])
+        values["host_id"] = values["host_id"] or f"{socket.gethostname()}:{values['port']}"
+        advertise = values["advertise_url"] or _default_advertise(values["host"], values["port"])
+        values["advertise_url"] = advertise.rstrip("/")
         return cls(**values)
+
+    @property
+    def fleet(self) -> bool:
+        """Several hosts: a Redis to meet in (OMLX_REDIS_URL)."""
+        return bool(self.redis_url)
 
 
 
@@ -288,6 +319,16 @@ def _parsed(setting: Setting, raw: str) -> Any:
 def _default_model_dirs(home: Path) -> tuple[Path, ...]:
     cache = _hf_cache()
     return (home / "models", cache) if cache.is_dir() else (home / "models",)
+
+
+def _default_advertise(host: str, port: int) -> str:
+    """Where the other hosts reach this one: loopback when it listens there, the machine's name when it
+    listens everywhere, else the address it listens on."""
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return f"http://127.0.0.1:{port}"
+    if host in ("0.0.0.0", "::", ""):
+        return f"http://{socket.gethostname()}:{port}"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def setting_fields() -> set[str]:

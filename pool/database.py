@@ -6,9 +6,29 @@ with one line that says why, instead of a server that answers 500 on every route
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 from django.core.management import call_command
 from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
+
+# hosts of a fleet that start together take turns on the shared schema (PostgreSQL's advisory lock)
+MIGRATION_LOCK = 0x6F6D6C78
+
+
+@contextmanager
+def _migration_lock() -> Iterator[None]:
+    if connection.vendor != "postgresql":
+        yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [MIGRATION_LOCK])
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [MIGRATION_LOCK])
 
 
 class DatabaseNotReady(RuntimeError):
@@ -28,7 +48,12 @@ def ensure_schema() -> int:
                                    f"({', '.join(unknown)}): it was written by a newer omlx-site")
         pending = executor.migration_plan(loader.graph.leaf_nodes())
         if pending:
-            call_command("migrate", interactive=False, verbosity=0)
+            with _migration_lock():
+                # another host may have applied them while this one waited for the lock
+                executor = MigrationExecutor(connection)
+                pending = executor.migration_plan(executor.loader.graph.leaf_nodes())
+                if pending:
+                    call_command("migrate", interactive=False, verbosity=0)
         return len(pending)
     except DatabaseError as e:
         raise DatabaseNotReady(f"cannot prepare the database {path}: {e}") from None

@@ -123,6 +123,12 @@ class DatabaseBusy(Busy):
     code = "database_busy"
 
 
+class HostUnavailable(Busy):
+    """The fleet host a request went to stopped answering: before its answer began (after one retry
+    on another host), or in the middle of it."""
+    code = "host_unavailable"
+
+
 class EngineFailure(PoolError):
     code = "engine_error"
 

@@ -44,8 +44,9 @@ Recorder = Callable[..., Awaitable[Any]]     # async (**event fields) -> a row w
 
 class EventLog:
     def __init__(self, *, recorder: Recorder | None = None, clock: Callable[[], float] = time.time,
-                 health: storage.StorageHealth | None = None):
+                 health: storage.StorageHealth | None = None, host: str = ""):
         self.recorder = recorder
+        self.host = host            # every row names the host it happened on (a fleet shares the history)
         self.clock = clock
         self.health = health if health is not None else storage.health
         self.listeners: list[Listener] = []
@@ -66,6 +67,8 @@ class EventLog:
         self._loop = asyncio.get_running_loop()
         event = {"model_id": model_id, "action": action, "reason": reason, **fields,
                  "created_at": datetime.fromtimestamp(self.clock(), timezone.utc)}
+        if self.host:
+            event["host"] = self.host
         recorded = await self._store(event)
         self.recent.append(recorded)
         self._notify(PoolChange(Change.EVENT, model_id or None, recorded))

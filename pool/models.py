@@ -96,6 +96,8 @@ class ModelSettings(models.Model):
 
 
 class EvictionEvent(models.Model):
+    host = models.CharField(max_length=255, blank=True, default="", db_index=True,
+                            help_text="The host it happened on (OMLX_HOST_ID).")
     model_id = models.CharField(max_length=255, blank=True, db_index=True)
     action = models.CharField(max_length=32, choices=_choices(ActionKind), default=ActionKind.UNLOAD.value,
                               db_index=True, help_text="What happened: an unload, a cache reclaim or an abort.")
@@ -122,7 +124,8 @@ class EvictionEvent(models.Model):
 
     def as_dict(self) -> dict:
         return {
-            "id": self.id, "model": self.model_id, "action": self.action, "reason": self.reason,
+            "id": self.id, "host": self.host or None, "model": self.model_id, "action": self.action,
+            "reason": self.reason,
             "estimated_bytes": self.estimated_bytes, "freed_bytes": self.freed_bytes,
             "rss_freed_bytes": self.rss_freed_bytes, "bytes_before": self.bytes_before,
             "bytes_after": self.bytes_after, "requested_by": self.requested_by or None,

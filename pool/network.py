@@ -74,3 +74,11 @@ def machine_names() -> list[str]:
 def hosts_for(bind: str, extra: list[str]) -> list[str]:
     """allowed_hosts() for this machine (its names are looked up only for a non-loopback bind)."""
     return allowed_hosts(bind, extra, [] if is_loopback(bind) else machine_names())
+
+
+def advertised_names(conf) -> list[str]:
+    """The name in OMLX_ADVERTISE_URL: the other hosts of a fleet call this one by it."""
+    from urllib.parse import urlsplit
+
+    name = urlsplit(conf.advertise_url).hostname
+    return [name] if name else []

@@ -35,7 +35,7 @@ class Runtime:
 
         self.settings = get_settings()
         self.probe = make_probe(self.settings)
-        self.events = EventLog(recorder=record_event)
+        self.events = EventLog(recorder=record_event, host=self.settings.host_id)
         self.telemetry = Telemetry(self.settings.home / "telemetry.sqlite3",
                                    retention_days=self.settings.telemetry_days)
         self.metrics = Metrics(snapshot=self.snapshot)
@@ -45,6 +45,11 @@ class Runtime:
         self.probe.prompt_cache_bytes = self.host.pool.prompt_cache_bytes   # reclaimable, for the enforcer
         self.router = Router([self.host])
         self.broadcaster = Broadcaster(self)
+        self.fleet = None
+        if self.settings.redis_url or self.settings.database_url:
+            from .fleet.member import FleetMember
+            self.fleet = FleetMember(self)
+            self.events.subscribe(self.fleet.changed)
         # this runtime's record (tests build several in one process)
         storage.health.reset(settle_seconds=self.settings.storage_settle)
         self.metrics.registry.register(storage.StorageCollector(storage.health))
@@ -86,6 +91,8 @@ class Runtime:
         await load_all_settings(self.router)
         self.events.remember(list(reversed(await recent_events(limit=50))))
         await self.host.start()
+        if self.fleet is not None:
+            self.fleet.start()
         self.started = True
         log.info("pool ready: %d models in %s", len(self.router.models()),
                  ", ".join(str(d) for d in self.settings.model_dirs))
@@ -97,6 +104,8 @@ class Runtime:
 
     async def stop(self) -> None:
         log.info("stopping: ending engine threads")
+        if self.fleet is not None:
+            await self.fleet.stop()       # out of the fleet's routing before the models go
         await self.host.stop()
         self.telemetry.close()
         await self.events.close()       # history rows the database could not take yet: a last try

@@ -113,7 +113,11 @@ def storing(what: str) -> Iterator[None]:
 
 @contextmanager
 def busy_timeout(seconds: float) -> Iterator[None]:
-    """This thread's connection waits at most `seconds` for a lock inside the block."""
+    """This thread's connection waits at most `seconds` for a lock inside the block (SQLite's; a
+    server database has its own lock waits)."""
+    if connection.vendor != "sqlite":
+        yield
+        return
     connection.ensure_connection()
     with connection.cursor() as cursor:
         cursor.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")

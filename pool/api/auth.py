@@ -13,10 +13,13 @@ The key comes as `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key:
 
 from __future__ import annotations
 
+import hmac
+
 from django.conf import settings
 
 from ..api_key import given_keys, key_valid  # noqa: F401 - given_keys: part of this module's interface
 from ..conf import get_settings
+from ..fleet.proxy import FLEET_KEY, FORWARDED
 from ..network import is_loopback
 from .errors import Forbidden, Unauthorized
 
@@ -76,6 +79,19 @@ def _refusal(key_set: bool) -> Exception:
         return Unauthorized(f"Missing or wrong API key: {HOW}, or log in as staff.")
     return Forbidden("This server has no API key (OMLX_API_KEY), so this route answers loopback clients "
                      "only, or a staff login.")
+
+
+def fleet_hop(request) -> bool:
+    """Whether another host of the fleet forwarded this request (it checked the client's key where
+    the client entered). A request that says so without the fleet key is refused: a client cannot
+    pass for a host."""
+    if FORWARDED not in request.headers:
+        return False
+    key = get_settings().fleet_key
+    if not key or not hmac.compare_digest(request.headers.get(FLEET_KEY, "").encode(), key.encode()):
+        raise Forbidden(f"'{FORWARDED}' is for the hosts of a fleet, which send it with the fleet key "
+                        "(OMLX_FLEET_KEY); this request did not.")
+    return True
 
 
 # ---- what the routes wear ---------------------------------------------------------------------

@@ -10,10 +10,11 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from ..errors import InvalidRequest, PoolError
+from ..fleet.routing import route
 from ..runtime import ready_runtime
-from .auth import SAFE_METHODS, is_browser, key_valid, needs_csrf_check
+from .auth import SAFE_METHODS, fleet_hop, is_browser, key_valid, needs_csrf_check
 from .dialects import OPENAI, Dialect
-from .errors import MethodNotAllowed, error_response, internal_error
+from .errors import MethodNotAllowed, error_response, internal_error, stream_error
 
 
 def is_json(content_type: str) -> bool:
@@ -39,7 +40,9 @@ def csrf_refusal(request):
     return CsrfViewMiddleware(lambda r: None).process_view(request, None, (), {})
 
 
-def api_route(*methods: str, auth=None, dialect: Dialect = OPENAI):
+def api_route(*methods: str, auth=None, dialect: Dialect = OPENAI, wants=None):
+    """`wants(request, kwargs)`: what the route asks of the fleet (fleet/routing.Want, or None), for
+    the routes a fleet may serve on another host (pool/api/wants.py)."""
     def decorate(view):
         # Django's middleware skips these views; csrf_refusal applies its rule where it belongs
         @csrf_exempt
@@ -55,9 +58,16 @@ def api_route(*methods: str, auth=None, dialect: Dialect = OPENAI):
                 refusal = csrf_refusal(request)
                 if refusal is not None:
                     return refusal
-                if auth is not None:
+                hop = fleet_hop(request)        # another host of the fleet checked the client
+                if auth is not None and not hop:
                     await auth(request)
                 ready_runtime()
+                want = wants(request, kwargs) if wants is not None else None
+                if want is not None:
+                    answer = await route(request, want, hop=hop,
+                                         stream_error=lambda e: stream_error(e, dialect))
+                    if answer is not None:
+                        return answer
                 return await view(request, *args, **kwargs)
             except PoolError as e:
                 return error_response(e, dialect)

@@ -16,6 +16,7 @@ urlpatterns = [
     path("v1/messages/count_tokens", messages.count_tokens),
     path("api/pool", pool_routes.pool_snapshot),
     path("api/evictions", pool_routes.evictions),
+    path("api/fleet", pool_routes.fleet),
     path("api/telemetry", telemetry_routes.telemetry),
     path("api/enforcer/tick", pool_routes.enforcer_tick),
     path("api/rediscover", pool_routes.rediscover),

@@ -4,7 +4,6 @@ door and the memory enforcer, wired together. Tests build one over fake engines 
 
 from __future__ import annotations
 
-import socket
 import time
 from typing import Any, Callable, Iterable
 
@@ -29,15 +28,11 @@ WAKES_ENFORCER = frozenset({Change.LOAD_START, Change.LOAD_END, Change.UNLOAD, C
 RESCHEDULES_ENFORCER = frozenset({Change.REQUEST_END})
 
 
-def default_host_id(port: int) -> str:
-    return f"{socket.gethostname()}:{port}"
-
-
 class LocalHost:
     def __init__(self, conf, probe, *, events: EventLog | None = None, host_id: str | None = None,
                  clock: Callable[[], float] = time.time, engine_maker: EngineMaker = make_engine,
                  telemetry: Any = None, on_reject: Callable[[str], None] | None = None):
-        self.host_id = host_id or default_host_id(conf.port)
+        self.host_id = host_id or conf.host_id
         self.conf = conf
         self.probe = probe
         self.pool = EnginePool(conf, probe, clock=clock, events=events, engine_maker=engine_maker)
@@ -105,7 +100,8 @@ class LocalHost:
 
     async def start(self) -> None:
         self.enforcer.start()
-        await self.pool.preload_pinned()
+        if not self.conf.fleet:     # in a fleet, pins are kept on one host of the fleet (pool/fleet/pins.py)
+            await self.pool.preload_pinned()
 
     def end_requests(self, message: str, code: str) -> None:
         self.pool.end_requests(message, code)

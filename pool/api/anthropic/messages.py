@@ -9,6 +9,7 @@ from django.http import JsonResponse
 
 from ...runtime import get_runtime
 from ...tools.calls import ToolCall
+from .. import wants
 from ..auth import require_key
 from ..dialects import ANTHROPIC
 from ..keepalive import KEEPALIVE, until_first
@@ -19,7 +20,7 @@ from .events import EventStream, Text, sse
 from .parse import parse_count_tokens, parse_messages, read_body
 
 
-@api_route("POST", auth=require_key, dialect=ANTHROPIC)
+@api_route("POST", auth=require_key, dialect=ANTHROPIC, wants=wants.anthropic_messages)
 async def messages(request):
     req = parse_messages(read_body(request))
     completion = await get_runtime().router.generate(req.spec)
@@ -30,7 +31,7 @@ async def messages(request):
     return await event_stream(completion, _stream(completion, reader), ANTHROPIC)
 
 
-@api_route("POST", auth=require_key, dialect=ANTHROPIC)
+@api_route("POST", auth=require_key, dialect=ANTHROPIC, wants=wants.model_in_body_here_first)
 async def count_tokens(request):
     spec = parse_count_tokens(read_body(request))
     return JsonResponse({"input_tokens": await get_runtime().router.count_tokens(spec)})

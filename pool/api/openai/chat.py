@@ -11,6 +11,7 @@ from django.http import JsonResponse
 
 from ...runtime import get_runtime
 from ...tools.calls import finish_reason
+from .. import wants
 from ..auth import require_key
 from ..dialects import OPENAI
 from ..fields import json_body
@@ -23,12 +24,12 @@ from .shapes import Shape, ToolEvents, sse
 KEEPALIVE_COMMENT = b": keep-alive\n\n"     # an SSE comment: every SSE reader skips it
 
 
-@api_route("POST", auth=require_key)
+@api_route("POST", auth=require_key, wants=wants.openai_chat)
 async def chat_completions(request):
     return await _complete(request, chat=True)
 
 
-@api_route("POST", auth=require_key)
+@api_route("POST", auth=require_key, wants=wants.openai_completion)
 async def completions(request):
     return await _complete(request, chat=False)
 

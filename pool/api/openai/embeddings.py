@@ -11,6 +11,7 @@ from django.http import JsonResponse
 from ...errors import InvalidRequest
 from ...runtime import get_runtime
 from ...serving.specs import MAX_INPUTS, EmbeddingSpec
+from .. import wants
 from ..auth import require_key
 from ..fields import json_body, keep_alive
 from ..route import api_route
@@ -83,7 +84,7 @@ def response_body(result, fmt: str) -> dict:
             "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}}
 
 
-@api_route("POST", auth=require_key)
+@api_route("POST", auth=require_key, wants=wants.model_in_body)
 async def embeddings(request):
     spec, fmt = parse_embeddings(json_body(request))
     result = await get_runtime().router.embed(spec)

@@ -8,6 +8,7 @@ from django.http import JsonResponse
 from ...catalog.kinds import model_card
 from ...router import Router
 from ...runtime import get_runtime
+from .. import wants
 from ..auth import require_key
 from ..route import api_route
 
@@ -26,7 +27,7 @@ async def list_models(request):
     return JsonResponse({"object": "list", "data": data})
 
 
-@api_route("GET", auth=require_key)
+@api_route("GET", auth=require_key, wants=wants.model_in_path_here_first)
 async def get_model(request, model_id: str):
     router = get_runtime().router
     return JsonResponse(model_object(router, router.resolve(model_id).model))

@@ -8,6 +8,7 @@ from ... import services
 from ...errors import InvalidRequest
 from ...runtime import get_runtime
 from ...strict_json import dumps_finite
+from .. import wants
 from ..auth import require_key_or_staff
 from ..fields import json_body
 from ..route import api_route
@@ -37,7 +38,7 @@ async def pool_snapshot(request):
     return _finite_json(get_runtime().snapshot())
 
 
-@api_route("POST", auth=require_key_or_staff)
+@api_route("POST", auth=require_key_or_staff, wants=wants.model_in_path)
 async def load_model(request, model_id: str):
     _state_body(request)
     entry = await get_runtime().router.load(model_id)
@@ -46,7 +47,7 @@ async def load_model(request, model_id: str):
                          "note": entry.load_note})
 
 
-@api_route("POST", auth=require_key_or_staff)
+@api_route("POST", auth=require_key_or_staff, wants=wants.loaded_model_in_path)
 async def unload_model(request, model_id: str):
     body = _state_body(request)
     force = body.get("force", False)
@@ -61,7 +62,7 @@ async def unload_model(request, model_id: str):
     return JsonResponse(body)
 
 
-@api_route("GET", auth=require_key_or_staff)
+@api_route("GET", auth=require_key_or_staff, wants=wants.model_in_path_here_first)
 async def load_plan(request, model_id: str):
     model, plan = get_runtime().router.plan(model_id)
     return JsonResponse({"model": model, "fits": plan.fits, "evicts": list(plan.victim_ids),
@@ -70,13 +71,26 @@ async def load_plan(request, model_id: str):
                          "resident_bytes": plan.resident_bytes, "budget_bytes": plan.budget_bytes})
 
 
-@api_route("GET", "POST", "PUT", auth=require_key_or_staff)
+@api_route("GET", "POST", "PUT", auth=require_key_or_staff, wants=wants.model_in_path_here_first)
 async def model_settings(request, model_id: str):
     router = get_runtime().router
     if request.method == "GET":
         return JsonResponse(await services.get_model_settings(router=router, name=model_id))
     body = _state_body(request)
     return JsonResponse(await services.update_model_settings(router=router, name=model_id, changes=body))
+
+
+@api_route("GET", auth=require_key_or_staff)
+async def fleet(request):
+    """Every live host of the fleet with its snapshot, and where the pinned models are loaded; alone,
+    this host only."""
+    runtime = get_runtime()
+    if runtime.fleet is None:
+        return _finite_json({"host": runtime.settings.host_id, "fleet": False,
+                             "hosts": [{"host": runtime.settings.host_id, "url": runtime.settings.advertise_url,
+                                        "age_seconds": 0.0, "snapshot": runtime.snapshot()}],
+                             "pins": {}})
+    return _finite_json(await runtime.fleet.state())
 
 
 @api_route("GET", auth=require_key_or_staff)

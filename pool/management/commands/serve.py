@@ -16,7 +16,7 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 
 from pool.conf import get_settings
-from pool.network import hosts_for, is_loopback
+from pool.network import advertised_names, hosts_for, is_loopback
 
 log = logging.getLogger("pool")
 
@@ -35,8 +35,9 @@ class Command(BaseCommand):
                             help="listen on a non-loopback address although OMLX_API_KEY is unset")
 
     def handle(self, *args, host, port, allow_remote_without_key=False, **options):
-        self._adopt_host(host)
+        self._adopt_host(host, port)
         self._check_exposure(host, allow_remote_without_key)
+        self._check_fleet()
         self._prepare_database()
         self._say_blas()
         conf = get_settings()
@@ -112,14 +113,31 @@ class Command(BaseCommand):
                               f"{'s' if applied > 1 else ''}")
 
     @staticmethod
-    def _adopt_host(host: str) -> None:
-        """`--host` wins over OMLX_HOST everywhere: the loopback rules, and ALLOWED_HOSTS, which
-        holds the names this server answers to (not the test client's `testserver`)."""
+    def _adopt_host(host: str, port: int) -> None:
+        """`--host` and `--port` win over OMLX_HOST and OMLX_PORT everywhere: the loopback rules, the
+        host's name in a fleet, and ALLOWED_HOSTS, which holds the names this server answers to (not
+        the test client's `testserver`; the advertised one, which the other hosts of a fleet use)."""
         from django.conf import settings
 
         from pool.conf import reload_settings
 
-        if host != get_settings().host:
-            os.environ["OMLX_HOST"] = host
+        if host != get_settings().host or port != get_settings().port:
+            os.environ["OMLX_HOST"], os.environ["OMLX_PORT"] = host, str(port)
             reload_settings()
-        settings.ALLOWED_HOSTS = hosts_for(host, get_settings().allowed_hosts)
+        settings.ALLOWED_HOSTS = hosts_for(host, get_settings().allowed_hosts) + advertised_names(get_settings())
+
+    def _check_fleet(self) -> None:
+        """A fleet needs its key, and a Redis that answers: refused at start, in one line, not later."""
+        conf = get_settings()
+        if not conf.redis_url:
+            return
+        if not conf.fleet_key:
+            raise CommandError("OMLX_REDIS_URL is set but OMLX_FLEET_KEY is not: every host of a fleet needs the same "
+                               "secret key for the calls between hosts (docs/fleet.md)")
+        import redis
+
+        try:
+            redis.Redis.from_url(conf.redis_url, socket_connect_timeout=3, socket_timeout=3).ping()
+        except redis.RedisError as e:
+            raise CommandError(f"cannot reach the fleet's Redis at OMLX_REDIS_URL: {e}") from None
+        self.stdout.write(f"fleet: this host is {conf.host_id}, reached at {conf.advertise_url}")

@@ -1,0 +1,166 @@
+"""This host as a member of the fleet: it publishes its record (its snapshot, its prompt-prefix keys,
+how to reach it) every third of OMLX_FLEET_TTL and soon after every pool change, reads the others'
+for routing, loads the pinned models the fleet has nowhere else (pins.py), and takes the settings
+other hosts wrote to the shared database."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from ..policy.vocabulary import RESIDENT_STATES, Change
+from .pins import pin_duties, pin_locations
+from .placement import HostView, host_view
+from .prefix import PrefixLedger
+from .registry import Registry
+
+log = logging.getLogger(__name__)
+
+MIN_INTERVAL = 0.1      # between two publishes
+READ_SECONDS = 0.25     # how old a read of the fleet may be when a request is routed
+
+
+class FleetMember:
+    def __init__(self, runtime):
+        conf = runtime.settings
+        self.runtime = runtime
+        self.host_id, self.url, self.key = conf.host_id, conf.advertise_url, conf.fleet_key
+        self.registry = Registry(conf.redis_url, conf.fleet_ttl) if conf.redis_url else None
+        self.shared_database = bool(conf.database_url)
+        self.interval = max(0.1, conf.fleet_ttl / 3)
+        self.ledger = PrefixLedger()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._records: list[dict[str, Any]] = []
+        self._read_at = 0.0
+        self._settings_mark: Any = None
+        self._pin_loads: set[str] = set()
+        self._failing = False
+
+    # ---- what this host publishes --------------------------------------------------------------
+
+    def record(self) -> dict[str, Any]:
+        snapshot = self.runtime.snapshot()
+        resident = [m["id"] for m in snapshot["models"] if m["state"] in RESIDENT_STATES]
+        return {"host": self.host_id, "url": self.url, "sent_at": time.time(), "snapshot": snapshot,
+                "prefixes": self.ledger.published(resident)}
+
+    def changed(self, change) -> None:
+        if change.kind == Change.UNLOAD and change.model:
+            self.ledger.forget(change.model)
+        self._wake.set()
+
+    # ---- the fleet as read -----------------------------------------------------------------------
+
+    async def records(self, *, fresh: bool = False) -> list[dict[str, Any]]:
+        """Every live host's record, this host's as of now."""
+        if self.registry is not None and (fresh or time.monotonic() - self._read_at > READ_SECONDS):
+            try:
+                self._records = await self.registry.hosts()
+                self._read_at = time.monotonic()
+                self._healthy()
+            except Exception as e:  # noqa: BLE001 - without Redis, this host serves alone
+                self._failed("cannot read the fleet from Redis", e)
+        others = [r for r in self._records if r.get("host") != self.host_id]
+        return sorted([self.record(), *others], key=lambda r: r["host"])
+
+    async def views(self, *, exclude: tuple[str, ...] = ()) -> tuple[list[HostView], dict[str, dict]]:
+        records = {r["host"]: r for r in await self.records() if r["host"] not in exclude}
+        return [host_view(r) for r in records.values()], records
+
+    def forget(self, host_id: str) -> None:
+        """A host that did not answer is left out until it publishes again."""
+        self._records = [r for r in self._records if r.get("host") != host_id]
+
+    def pinned(self) -> set[str]:
+        return {model_id for model_id, values in self.runtime.router.model_settings.items() if values.get("is_pinned")}
+
+    async def state(self) -> dict[str, Any]:
+        """GET /api/fleet."""
+        records = await self.records(fresh=True)
+        views = [host_view(r) for r in records]
+        now = time.time()
+        return {"host": self.host_id, "fleet": self.registry is not None,
+                "hosts": [{"host": r["host"], "url": r["url"], "age_seconds": round(max(0.0, now - r["sent_at"]), 2),
+                           "snapshot": r["snapshot"], "prefix_keys": sum(len(k) for k in r["prefixes"].values())}
+                          for r in records],
+                "pins": pin_locations(self.pinned(), views)}
+
+    # ---- the loop ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if self.registry is not None:
+            try:
+                await self.registry.leave(self.host_id)       # out of the routing now, not after the TTL
+            except Exception as e:  # noqa: BLE001 - leaving is a courtesy; the TTL does it anyway
+                log.info("could not leave the fleet: %s", e)
+            await self.registry.close()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.cycle()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the next cycle tries again
+                self._failed("a fleet cycle failed", e)
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.interval)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            await asyncio.sleep(MIN_INTERVAL)
+
+    async def cycle(self) -> None:
+        if self.shared_database:
+            await self._take_settings()
+        if self.registry is None:
+            return
+        await self.registry.publish(self.host_id, self.record())
+        self._healthy()
+        views = [host_view(r) for r in await self.records(fresh=True)]
+        for model_id, host in pin_duties(self.pinned(), views).items():
+            if host == self.host_id and model_id not in self._pin_loads:
+                self._pin_loads.add(model_id)
+                asyncio.ensure_future(self._load_pinned(model_id))
+
+    async def _load_pinned(self, model_id: str) -> None:
+        try:
+            log.info("loading pinned %s: no live host of the fleet has it", model_id)
+            await self.runtime.host.load(model_id)
+        except Exception as e:  # noqa: BLE001 - shown on the model (its failure) and retried next cycle
+            log.warning("could not load pinned %s: %s", model_id, e)
+        finally:
+            self._pin_loads.discard(model_id)
+            self._wake.set()
+
+    async def _take_settings(self) -> None:
+        from django.db.models import Count, Max
+
+        from ..models import ModelSettings
+        from ..services import load_all_settings
+
+        mark = await ModelSettings.objects.aaggregate(latest=Max("updated_at"), rows=Count("id"))
+        if mark != self._settings_mark:
+            await load_all_settings(self.runtime.router)
+            self._settings_mark = mark
+
+    def _failed(self, what: str, error: Exception) -> None:
+        if not self._failing:
+            log.warning("%s: %s: %s", what, type(error).__name__, error)
+        self._failing = True
+
+    def _healthy(self) -> None:
+        if self._failing:
+            log.info("the fleet is reachable again")
+        self._failing = False

@@ -1,0 +1,107 @@
+"""The hop between hosts: the client's HTTP request, sent on to the host that serves it, and that host's
+answer streamed back as it comes (SSE and NDJSON chunk by chunk). A client that goes away closes the
+hop, and the serving host sees its own client go. The hop carries the fleet key and the name of the
+host it came from; the client's own credentials stay here, where they were checked."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator
+
+import httpx
+from django.http import HttpResponse, StreamingHttpResponse
+
+from ..errors import HostUnavailable
+
+log = logging.getLogger(__name__)
+
+FORWARDED = "x-omlx-forwarded"     # the host the request entered the fleet at
+FLEET_KEY = "x-omlx-fleet-key"
+HOST = "x-omlx-host"               # on every answer: the host that served it
+# not passed on: hop-by-hop headers, what httpx sets itself, and the client's credentials
+REQUEST_DROPPED = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "host",
+                             "content-length", "proxy-authorization", "proxy-connection", "authorization",
+                             "x-api-key", "cookie", FORWARDED, FLEET_KEY})
+RESPONSE_DROPPED = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "date", "server",
+                              "set-cookie"})
+STREAM_TYPES = ("text/event-stream", "application/x-ndjson")
+CONNECT_SECONDS = 3.0
+
+_clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+
+
+class HostGone(Exception):
+    """The host did not answer, or its answer broke before any of it reached the client."""
+
+
+def client() -> httpx.AsyncClient:
+    """One pooled client per event loop (a test process runs several loops)."""
+    loop = asyncio.get_running_loop()
+    found = _clients.get(loop)
+    if found is None or found.is_closed:
+        found = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=CONNECT_SECONDS),
+                                  limits=httpx.Limits(max_connections=None, max_keepalive_connections=32))
+        _clients[loop] = found
+    return found
+
+
+def hop_headers(incoming, *, origin: str, fleet_key: str) -> dict[str, str]:
+    headers = {k: v for k, v in incoming.items() if k.lower() not in REQUEST_DROPPED}
+    headers[FORWARDED] = origin
+    headers[FLEET_KEY] = fleet_key
+    return headers
+
+
+async def forward(request, base_url: str, host_id: str, *, origin: str, fleet_key: str,
+                  stream_error) -> HttpResponse:
+    """The serving host's answer. Raises HostGone while nothing has reached the client (the caller may
+    try another host); after that, a broken hop ends the stream with `stream_error(error)`."""
+    http = client()
+    outgoing = http.build_request(request.method, base_url + request.get_full_path(),
+                                  headers=hop_headers(request.headers, origin=origin, fleet_key=fleet_key),
+                                  content=request.body)
+    try:
+        upstream = await http.send(outgoing, stream=True)
+    except httpx.TransportError as e:
+        raise HostGone(f"{host_id}: {type(e).__name__}: {e}") from None
+    chunks = upstream.aiter_raw()
+    try:
+        first = await anext(chunks, b"")
+    except httpx.TransportError as e:
+        await upstream.aclose()
+        raise HostGone(f"{host_id} stopped before answering: {type(e).__name__}") from None
+    headers = {k: v for k, v in upstream.headers.items() if k.lower() not in RESPONSE_DROPPED}
+    content_type = upstream.headers.get("content-type", "")
+    if not content_type.startswith(STREAM_TYPES):
+        try:
+            body = first + b"".join([chunk async for chunk in chunks])
+        except httpx.TransportError as e:
+            raise HostGone(f"{host_id} stopped while answering: {type(e).__name__}") from None
+        finally:
+            await upstream.aclose()
+        response = HttpResponse(body, status=upstream.status_code)
+    else:
+        response = StreamingHttpResponse(_relay(first, chunks, upstream, host_id, stream_error),
+                                         status=upstream.status_code)
+    for name, value in headers.items():
+        response[name] = value
+    response[HOST] = upstream.headers.get(HOST, host_id)
+    return response
+
+
+async def _relay(first: bytes, chunks: AsyncIterator[bytes], upstream: httpx.Response, host_id: str,
+                 stream_error) -> AsyncIterator[bytes]:
+    tail = first
+    try:
+        yield first
+        async for chunk in chunks:
+            tail = chunk
+            yield chunk
+    except httpx.TransportError as e:
+        log.warning("the hop to %s broke mid-stream: %s", host_id, e)
+        separator = b"" if tail.endswith(b"\n\n") or tail.endswith(b"}\n") else b"\n\n"
+        yield separator + stream_error(HostUnavailable(f"The host {host_id} serving this request stopped answering.",
+                                                       retry_after=1))
+    finally:
+        await upstream.aclose()
