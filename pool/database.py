@@ -31,13 +31,21 @@ def _migration_lock() -> Iterator[None]:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [MIGRATION_LOCK])
 
 
+def _where() -> str:
+    """The database's file, or a server database's name and address (never its password)."""
+    settings = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return str(settings["NAME"])
+    return f"{settings['NAME']} at {settings.get('HOST') or 'localhost'}:{settings.get('PORT') or 'default port'}"
+
+
 class DatabaseNotReady(RuntimeError):
     """The schema cannot be brought up to date; the message is one line for the operator."""
 
 
 def ensure_schema() -> int:
     """Apply pending migrations; returns how many were applied (0 when up to date)."""
-    path = connection.settings_dict["NAME"]
+    path = _where()
     try:
         executor = MigrationExecutor(connection)
         loader = executor.loader
@@ -56,6 +64,7 @@ def ensure_schema() -> int:
                     call_command("migrate", interactive=False, verbosity=0)
         return len(pending)
     except DatabaseError as e:
-        raise DatabaseNotReady(f"cannot prepare the database {path}: {e}") from None
+        # one line: psycopg's messages carry a hint on a line of their own
+        raise DatabaseNotReady(f"cannot prepare the database {path}: {' '.join(str(e).split())}") from None
     finally:
         connection.close()  # the event loop's thread opens its own

@@ -58,6 +58,10 @@ RULES = [
     ("pool/router.py", ("pool.api", "pool.engines", "dashboard", "django"), ()),
     ("pool/catalog/kinds.py", ("mlx", "pool.engines", "django"), ()),
     ("pool/errors.py", ("django", "pool.api"), ()),
+    ("pool/fleet", ("mlx", "numpy", "pool.api", "pool.engines", "pool.host", "pool.serving", "dashboard", "omlx_site"),
+     ()),
+    ("pool/fleet/placement.py", ("django", "asyncio", "httpx", "redis", "channels", "pool.runtime"), ()),
+    ("pool/fleet/pins.py", ("django", "asyncio", "httpx", "redis", "channels", "pool.runtime"), ()),
 ]
 
 

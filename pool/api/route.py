@@ -10,7 +10,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from ..errors import InvalidRequest, PoolError
-from ..fleet.routing import route
+from ..fleet.routing import fleet_routes, route
 from ..runtime import ready_runtime
 from .auth import SAFE_METHODS, fleet_hop, is_browser, key_valid, needs_csrf_check
 from .dialects import OPENAI, Dialect
@@ -62,10 +62,10 @@ def api_route(*methods: str, auth=None, dialect: Dialect = OPENAI, wants=None):
                 if auth is not None and not hop:
                     await auth(request)
                 ready_runtime()
-                want = wants(request, kwargs) if wants is not None else None
-                if want is not None:
-                    answer = await route(request, want, hop=hop,
-                                         stream_error=lambda e: stream_error(e, dialect))
+                if wants is not None and fleet_routes():
+                    want = wants(request, kwargs)
+                    answer = None if want is None else await route(
+                        request, want, hop=hop, stream_error=lambda e: stream_error(e, dialect))
                     if answer is not None:
                         return answer
                 return await view(request, *args, **kwargs)

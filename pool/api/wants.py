@@ -13,7 +13,7 @@ from ..fleet.routing import Want
 def _body(request) -> dict[str, Any]:
     try:
         body = json.loads(request.body or b"{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return body if isinstance(body, dict) else {}
 

@@ -32,6 +32,12 @@ class Want:
     here_first: bool = False                # here when this host has the model's folder
 
 
+def fleet_routes() -> bool:
+    """Whether this host is in a fleet that routes (OMLX_REDIS_URL)."""
+    member = get_runtime().fleet
+    return member is not None and member.registry is not None
+
+
 async def route(request, want: Want, *, hop: bool, stream_error: Callable[[Exception], bytes]):
     """None when this host serves the request (its view runs); else the answer of the host that did."""
     member = get_runtime().fleet

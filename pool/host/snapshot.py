@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..catalog.kinds import model_card
 from ..engines.protocol import CacheStats
 from ..policy.idle import ttl_remaining
 from ..policy.load_plan import ModelView, lru_ranks
@@ -22,6 +23,7 @@ def model_row(entry, view: ModelView, rank: int | None, now: float, cache: Cache
         "id": entry.id,
         "alias": entry.alias,
         "kind": entry.kind.name,  # pool/catalog/kinds.py: "chat" | "embeddings"
+        **model_card(entry.path, entry.kind),   # capabilities, context_length (read from the folder, cached)
         "display_name": entry.model_settings.get("display_name") or "",
         "hidden": entry.hidden,
         "state": entry.state,

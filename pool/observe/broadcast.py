@@ -1,24 +1,33 @@
-"""Publish the whole snapshot to the channel layer group "pool": on every enforcer tick and on pool
-changes, at most 10 times a second. Whole snapshots, never deltas: the in-memory layer drops
+"""Publish the whole snapshot to this host's channel layer group (`pool_group`): on every enforcer tick
+and on pool changes, at most 10 times a second. A fleet's hosts share one Redis layer, so each host's
+group has its name in it. Whole snapshots, never deltas: the in-memory layer drops
 messages when a channel is full, and the next snapshot repairs any loss."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import re
 import time
 
 from ..strict_json import dumps_finite
 
 log = logging.getLogger(__name__)
 
-GROUP = "pool"
 MIN_INTERVAL = 0.1
+
+
+def pool_group(host_id: str) -> str:
+    """A Channels group name (ASCII letters, digits, `-_.`, under 100 characters) unique to the host."""
+    digest = hashlib.blake2b(host_id.encode(), digest_size=4).hexdigest()
+    return f"pool.{re.sub(r'[^A-Za-z0-9_.-]', '_', host_id)[:60]}.{digest}"
 
 
 class Broadcaster:
     def __init__(self, runtime):
         self.runtime = runtime
+        self.group = pool_group(runtime.settings.host_id)
         self._pending: asyncio.TimerHandle | None = None
         self._last = 0.0
         self._task: asyncio.Task | None = None
@@ -43,13 +52,13 @@ class Broadcaster:
         from channels.layers import get_channel_layer
 
         layer = get_channel_layer()
-        if layer is None or not _has_listeners(layer):
+        if layer is None or not _has_listeners(layer, self.group):
             return
         try:
             snapshot = snapshot or self.runtime.snapshot()
             snapshot["sent_at"] = time.time()
             # encoded once here: the in-memory layer deep-copies each message for every dashboard
-            await layer.group_send(GROUP, {"type": "pool.snapshot", "text": dumps_finite(snapshot)})
+            await layer.group_send(self.group, {"type": "pool.snapshot", "text": dumps_finite(snapshot)})
         except Exception:
             log.exception("could not publish the snapshot")
 
@@ -59,8 +68,8 @@ class Broadcaster:
             self._pending = None
 
 
-def _has_listeners(layer) -> bool:
+def _has_listeners(layer, group: str) -> bool:
     """Whether a dashboard is connected. The in-memory layer says so; building a snapshot nobody
     reads costs the event loop a memory probe ten times a second while requests stream."""
     groups = getattr(layer, "groups", None)
-    return groups is None or bool(groups.get(GROUP))
+    return groups is None or bool(groups.get(group))

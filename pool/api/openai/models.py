@@ -20,10 +20,26 @@ def model_object(router: Router, model) -> dict:
             **model_card(model.path, model.kind)}
 
 
+def remote_model_object(router: Router, row: dict) -> dict:
+    """A model only other hosts of the fleet have, as their snapshot shows it."""
+    return {"id": row["id"], "object": "model", "created": 0, "owned_by": "omlx-site", "alias": router.alias(row["id"]),
+            "state": row["state"], "size_bytes": row["size_bytes"], "capabilities": row.get("capabilities", []),
+            "context_length": row.get("context_length")}
+
+
 @api_route("GET", auth=require_key)
 async def list_models(request):
-    router = get_runtime().router
+    runtime = get_runtime()
+    router = runtime.router
     data = [model_object(router, m) for m in router.models() if not router.hidden(m.id)]
+    if runtime.fleet is not None and runtime.fleet.registry is not None:
+        known = {m["id"] for m in data} | {m.id for m in router.models()}
+        for record in await runtime.fleet.records():
+            for row in record["snapshot"]["models"]:
+                if row["id"] not in known and not row.get("hidden"):
+                    known.add(row["id"])
+                    data.append(remote_model_object(router, row))
+        data.sort(key=lambda m: m["id"])
     return JsonResponse({"object": "list", "data": data})
 
 
