@@ -44,14 +44,16 @@ class HostView:
     level: Level = Level.OK
     busy: dict[str, int] = field(default_factory=dict)           # model id -> running + queued
     prefixes: dict[str, frozenset[str]] = field(default_factory=dict)   # model id -> cached prefix keys
+    headroom_bytes: int | None = None         # measured: the hard pressure line minus the memory in use
 
     def model(self, model_id: str) -> ModelView | None:
         return next((m for m in self.models if m.id == model_id), None)
 
     def free_bytes(self) -> float:
-        if self.budget_bytes is None:
-            return float("inf")
-        return self.budget_bytes - sum(m.footprint for m in self.models if m.resident)
+        """What a new model may take here: the budget's room, and no more than the memory measured free."""
+        room = float("inf") if self.budget_bytes is None else \
+            self.budget_bytes - sum(m.footprint for m in self.models if m.resident)
+        return room if self.headroom_bytes is None else min(room, self.headroom_bytes)
 
 
 @dataclass(frozen=True)
@@ -77,11 +79,12 @@ def place(model_id: str, hosts: Iterable[HostView], *, prefix_keys: Sequence[str
     open_hosts = [h for h in having if h.level not in NO_NEW_LOADS]
     plans = {h.id: plan_load(list(h.models), model_id, budget=h.budget_bytes, max_loaded=h.max_loaded)
              for h in open_hosts}
-    free = [h for h in open_hosts if plans[h.id].fits and not plans[h.id].victims]
+    size = _model(having[0], model_id).size_bytes
+    free = [h for h in open_hosts if plans[h.id].fits and not plans[h.id].victims and h.free_bytes() >= size]
     if free:
         return Placement(max(free, key=lambda h: (h.free_bytes(), _reverse(h.id))).id, Why.FITS)
 
-    evicting = [h for h in open_hosts if plans[h.id].fits]
+    evicting = [h for h in open_hosts if plans[h.id].fits]     # (or fits the budget, not the memory measured)
     if evicting:
         best = min(evicting, key=lambda h: _eviction_cost(h, plans[h.id].victim_ids) + (h.id,))
         return Placement(best.id, Why.EVICTS, evicts=plans[best.id].victim_ids)
@@ -122,8 +125,11 @@ def _prefix_match(held: frozenset[str], keys: Sequence[str]) -> int:
 
 
 def _eviction_cost(host: HostView, victims: tuple[str, ...]) -> tuple[float, int]:
-    """Least recently used first: the newest last use among the victims, then the bytes evicted."""
+    """Least recently used first: the newest last use among the victims, then the bytes evicted. A host
+    whose budget has room but whose measured memory has not comes last."""
     models = [_model(host, v) for v in victims]
+    if not models:
+        return float("inf"), 0
     return max(m.last_access for m in models), sum(m.footprint for m in models)
 
 
@@ -145,8 +151,10 @@ def host_view(record: dict[str, Any]) -> HostView:
                   leases=int(m.get("active_requests") or 0), last_access=float(m.get("last_access") or 0.0))
         for m in snapshot["models"] if not m.get("failure") or m["state"] != ModelState.UNLOADED)
     memory = snapshot.get("memory", {})
+    hard, usage = memory.get("hard_bytes"), memory.get("usage_bytes")
     return HostView(
         id=record["host"], models=models, budget_bytes=memory.get("model_budget_bytes"),
         max_loaded=int(snapshot.get("max_loaded_models") or 0), level=Level(memory.get("level") or Level.OK),
         busy={m["id"]: int(m.get("running") or 0) + int(m.get("queued") or 0) for m in snapshot["models"]},
-        prefixes={model_id: frozenset(keys) for model_id, keys in record.get("prefixes", {}).items()})
+        prefixes={model_id: frozenset(keys) for model_id, keys in record.get("prefixes", {}).items()},
+        headroom_bytes=None if hard is None or usage is None else max(0, int(hard) - int(usage)))

@@ -19,9 +19,11 @@ def m(model_id: str, state=U, gb: float = 10, *, used: float = 0, leases: int = 
     return ModelView(model_id, state, int(gb * GB), pinned=pinned, leases=leases, last_access=used)
 
 
-def host(host_id: str, *models: ModelView, budget: float | None = 40, level=Level.OK, busy=None, prefixes=None):
+def host(host_id: str, *models: ModelView, budget: float | None = 40, level=Level.OK, busy=None, prefixes=None,
+         headroom: float | None = None):
     return HostView(host_id, tuple(models), None if budget is None else int(budget * GB), level=level,
-                    busy=busy or {}, prefixes=prefixes or {})
+                    busy=busy or {}, prefixes=prefixes or {},
+                    headroom_bytes=None if headroom is None else int(headroom * GB))
 
 
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
@@ -53,6 +55,9 @@ CASES = [
                                                host("b", m("x"), m("z", L, 35, pinned=True))], "x", "a", Why.WAITS),
     ("no room anywhere", [host("a", m("x"), m("y", L, 35, pinned=True)), host("b", m("x", gb=50))],
      "x", None, Why.NO_ROOM),
+    ("the memory measured free counts", [host("a", m("x"), budget=100, headroom=5), host("b", m("x"), budget=20)],
+     "x", "b", Why.FITS),
+    ("budget room without memory: last resort", [host("a", m("x"), budget=100, headroom=5)], "x", "a", Why.EVICTS),
     ("no budget: room always", [host("a", m("x"), m("y", L, 900), budget=None)], "x", "a", Why.FITS),
 ]
 
@@ -83,7 +88,8 @@ def test_an_excluded_host_is_left_out():
 
 def test_a_published_record_becomes_a_view():
     record = {"host": "b", "prefixes": {"x": ["k1"]},
-              "snapshot": {"max_loaded_models": 2, "memory": {"model_budget_bytes": 40 * GB, "level": "soft"},
+              "snapshot": {"max_loaded_models": 2, "memory": {"model_budget_bytes": 40 * GB, "level": "soft",
+                                                               "hard_bytes": 60 * GB, "usage_bytes": 45 * GB},
                            "models": [{"id": "x", "state": "loaded", "size_bytes": 10 * GB, "measured_bytes": 9 * GB,
                                        "pinned": False, "active_requests": 2, "last_access": 5.0, "running": 1,
                                        "queued": 1, "failure": None},
@@ -92,7 +98,7 @@ def test_a_published_record_becomes_a_view():
     assert [v.id for v in view.models] == ["x"]            # a model that failed to load there is not offered
     assert view.model("x").footprint == 9 * GB and view.model("x").leases == 2
     assert (view.busy, view.level, view.max_loaded, view.free_bytes()) == ({"x": 2, "broken": 0}, Level.SOFT, 2,
-                                                                           31 * GB)
+                                                                           15 * GB)
     assert view.prefixes == {"x": frozenset({"k1"})}
 
 
