@@ -5,14 +5,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: run test lint setup install blas browser bench-cpu bench-single bench-concurrency bench-isolation bench-swap bench-enforcer bench-dashboard bench-multiturn bench-resume bench-kv bench-constrained soak soak-tests clean
+.PHONY: run test lint setup install blas browser services bench-cpu bench-single bench-concurrency bench-isolation bench-swap bench-enforcer bench-dashboard bench-multiturn bench-resume bench-kv bench-constrained bench-fleet bench-fleet-sim soak soak-tests clean
 
 run: setup
 	$(PY) manage.py serve
 
 # Two workers: most tests spend their time waiting on a real server, so two files at a time fit 2 cores.
 TEST_WORKERS ?= 2
-test: setup browser lint
+test: setup browser services lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # ruff (pyproject's rules; RUF100 makes each remaining noqa mean something) and mypy on the typed core
@@ -52,6 +52,13 @@ browser:
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
+# Debian's PostgreSQL and Redis for the fleet tests (tests/fleet), which start their own on free ports:
+# installed when missing, never started here.
+services:
+	@{ ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && command -v redis-server >/dev/null; } || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql redis-server >/dev/null; }
+
 bench-single: setup
 	$(PY) benchmarks/single_stream.py
 
@@ -84,6 +91,14 @@ bench-kv: setup
 
 bench-constrained: setup
 	$(PY) benchmarks/constrained.py
+
+# three real hosts as one fleet (PostgreSQL and Redis started by the script) vs hosts chosen at random
+bench-fleet: setup services
+	$(PY) benchmarks/fleet.py
+
+# placement simulated at 10, 100 and 1,000 hosts: the real place() vs four other routers (no MLX; a few minutes)
+bench-fleet-sim: install
+	$(PY) benchmarks/fleet_sim.py
 
 # the soak (benchmarks/soak.py: 15 minutes, 8 clients; SOAK_ARGS="--minutes 3" for a shorter one)
 soak: setup

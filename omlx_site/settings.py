@@ -104,6 +104,8 @@ if OMLX.database_url:
     # a fleet's shared database: settings, pins, aliases, users and every host's history (telemetry
     # stays in each host's $OMLX_HOME)
     DATABASES["default"] = dj_database_url.parse(OMLX.database_url, conn_max_age=0, conn_health_checks=True)
+    # libpq waits forever for a server that takes the connection and never answers; `?connect_timeout=` wins
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 10)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LANGUAGE_CODE = "en-us"

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ValidationError
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 
 from . import storage
 from .errors import InvalidRequest
@@ -76,6 +76,8 @@ def coerce_settings(body: Any) -> dict[str, Any]:
             raise InvalidRequest(f"'{key}' must be a string", param=key)
         if kind is str and has_lone_surrogate(value):     # SQLite cannot store it (a 500 otherwise)
             raise InvalidRequest(f"'{key}' holds a lone surrogate (\\ud800-\\udfff without its pair)", param=key)
+        if kind is str and "\x00" in value:             # PostgreSQL's text cannot hold it (a 500 otherwise)
+            raise InvalidRequest(f"'{key}' holds a NUL character (\\u0000)", param=key)
         clean[name] = value
     if clean.get("alias") == "":
         clean["alias"] = None
@@ -134,9 +136,22 @@ def busy_timeout(seconds: float) -> Iterator[None]:
 def write_model_settings(*, model_id: str, changes: dict[str, Any]) -> dict[str, Any]:
     """Apply a partial change to the model's row (created if missing) after the model's own
     validation; a ValidationError becomes a InvalidRequest naming the field, a storage fault a 503/507
-    (pool/storage.py). Returns the settings."""
+    (pool/storage.py). Returns the settings.
+
+    On a server database the writers of a fleet run side by side (SQLite's take turns): the row is
+    created once (get_or_create) and locked for the change (select_for_update), so no write undoes
+    another's; a unique value another host took meanwhile (an alias) fails once, and the second try
+    is refused by the validation, naming the field."""
+    try:
+        return _write_model_settings(model_id, changes)
+    except IntegrityError:
+        return _write_model_settings(model_id, changes)
+
+
+def _write_model_settings(model_id: str, changes: dict[str, Any]) -> dict[str, Any]:
     with storing(f"a settings write for {model_id}"), transaction.atomic():
-        row = ModelSettings.objects.filter(model_id=model_id).first() or ModelSettings(model_id=model_id)
+        ModelSettings.objects.get_or_create(model_id=model_id)
+        row = ModelSettings.objects.select_for_update().get(model_id=model_id)
         for name, value in changes.items():
             setattr(row, name, value)
         try:
@@ -170,7 +185,7 @@ def _fault(error: DatabaseError) -> storage.Fault | None:
     """The storage fault behind a database error, kept on it for the event log to read. SQLite says
     "disk I/O error" as often as "full" on a full disk: the data folder is asked then."""
     fault = storage.classify(error)
-    if fault == storage.Fault.IO:
+    if fault == storage.Fault.IO and connection.vendor == "sqlite":   # a server database has no folder here
         fault = storage.fault_of(error, Path(connection.settings_dict["NAME"]).parent)
     if fault is not None:
         error.storage_fault = fault

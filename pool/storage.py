@@ -59,6 +59,13 @@ SQLITE_MESSAGES = (("database is locked", Fault.BUSY), ("database table is locke
 ERRNO_FAULTS = {errno.ENOSPC: Fault.FULL, errno.EDQUOT: Fault.FULL, errno.EFBIG: Fault.FULL,
                 errno.EROFS: Fault.READ_ONLY, errno.EACCES: Fault.READ_ONLY, errno.EPERM: Fault.READ_ONLY}
 
+# A server database's (PostgreSQL through psycopg) faults by SQLSTATE, then by its class: serialization,
+# deadlock, lock and statement timeouts are "busy" (try again); connection, resource, operator and
+# system classes an I/O fault (the server is unreachable, restarting or short of something).
+PG_FAULTS = {"40001": Fault.BUSY, "40P01": Fault.BUSY, "55P03": Fault.BUSY, "57014": Fault.BUSY,
+             "53100": Fault.FULL, "25006": Fault.READ_ONLY}
+PG_CLASSES = {"08": Fault.IO, "53": Fault.IO, "57": Fault.IO, "58": Fault.IO}
+
 # folders in an error's text: the log keeps them, events and API notes show the file's name only
 _FOLDERS = re.compile(r"(?:/[^/\s'\"]+)+/")
 
@@ -76,9 +83,18 @@ def _sqlite_fault(error: BaseException) -> Fault | None:
     return next((fault for words, fault in SQLITE_MESSAGES if words in text), None)
 
 
+def _server_fault(error: BaseException) -> Fault | None:
+    """A psycopg error's fault: by its SQLSTATE, or, without one (no server answered: refused, lost,
+    the connection closed), an I/O fault."""
+    state = getattr(error, "sqlstate", None)
+    if state:
+        return PG_FAULTS.get(state) or PG_CLASSES.get(state[:2])
+    return Fault.IO if type(error).__name__ in ("OperationalError", "InterfaceError") else None
+
+
 def classify(error: BaseException | None) -> Fault | None:
-    """The storage fault behind an exception (SQLite's, Django's wrapper of it, or an OSError), or
-    None when it is not one (a bug, a constraint): those are not storage's to report."""
+    """The storage fault behind an exception (SQLite's, PostgreSQL's, Django's wrapper of either, or
+    an OSError), or None when it is not one (a bug, a constraint): those are not storage's to report."""
     seen = 0
     while error is not None and seen < 5:
         if isinstance(getattr(error, "storage_fault", None), Fault):    # named where it was raised
@@ -87,6 +103,8 @@ def classify(error: BaseException | None) -> Fault | None:
             fault = _sqlite_fault(error)
             if fault is not None:
                 return fault
+        elif type(error).__module__.startswith("psycopg"):
+            return _server_fault(error)
         elif isinstance(error, OSError):
             return ERRNO_FAULTS.get(error.errno, Fault.IO)
         error, seen = error.__cause__ or error.__context__, seen + 1

@@ -110,7 +110,8 @@ class InProcessServer(ServerCalls):
             del os.environ[key]
         os.environ.update(self.env)
         conf.reload_settings()
-        Command._adopt_host(conf.get_settings().host, conf.get_settings().port)   # as `serve` does: this host's names, no `testserver`
+        # as `serve` does: this host's names, no `testserver`
+        Command._adopt_host(conf.get_settings().host, conf.get_settings().port)
         sys.setswitchinterval(conf.get_settings().switch_interval)     # and its GIL hand-over
         self._log_handler = logging.FileHandler(self.log_path)
         self._log_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
