@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.db import DatabaseError
 from django.http import HttpResponse, JsonResponse
 
 from ... import services
@@ -102,11 +103,16 @@ async def evictions(request):
     if not 1 <= limit <= 1000:
         raise InvalidRequest("'limit' must be between 1 and 1000", param="limit")
     model, reason = request.GET.get("model") or None, request.GET.get("reason") or None
-    stored = await services.recent_events(model=model, reason=reason, limit=limit)
+    body: dict = {}
+    try:
+        stored = await services.recent_events(model=model, reason=reason, limit=limit)
+    except DatabaseError as e:
+        stored, body["note"] = [], f"the database does not answer ({type(e).__name__}): only the events not " \
+                                   "yet written are shown"
     # events the database could not take yet (locked, full): shown first, `"stored": false`
     waiting = [e for e in get_runtime().events.unstored()
                if (model is None or e["model"] == model) and (reason is None or e["reason"] == reason)]
-    return JsonResponse({"events": (waiting + stored)[:limit]})
+    return JsonResponse({"events": (waiting + stored)[:limit], **body})
 
 
 @api_route("POST", auth=require_key_or_staff)
