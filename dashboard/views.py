@@ -3,6 +3,8 @@
 from django.contrib.auth.views import redirect_to_login
 from django.shortcuts import render
 
+from pool.conf import get_settings
+
 from .access import is_open, may_view
 
 
@@ -17,4 +19,7 @@ def index(request):
         "settings_url": "/admin/model/{id}/settings",
         "window_seconds": 15 * 60,
     }
+    conf = get_settings()
+    if conf.fleet:    # a fleet's page: its Fleet section, and which host this page is
+        config.update({"fleet": True, "host": conf.host_id})
     return render(request, "dashboard/index.html", {"config": config, "open_access": is_open(client)})

@@ -10,6 +10,8 @@ from typing import Any
 
 from redis import asyncio as aioredis
 
+from ..strict_json import dumps_finite
+
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "omlx:fleet:host:"
@@ -22,7 +24,7 @@ class Registry:
         self.ttl_ms = max(100, int(ttl * 1000))
 
     async def publish(self, host_id: str, record: dict[str, Any]) -> None:
-        text = json.dumps(record, separators=(",", ":"))
+        text = dumps_finite(record)
         await self.redis.set(KEY_PREFIX + host_id, text, px=self.ttl_ms)
         await _to_dashboards(text)
 

@@ -6,6 +6,8 @@
   const cfg = JSON.parse(document.getElementById("dashboard-config").textContent);
   const W = cfg.window_seconds || 900;
   const $ = (id) => document.getElementById(id);
+  // In a fleet, static/dashboard/fleet.js (loaded first) sees every message and adds to each model row.
+  const fleet = window.omlxFleet || null;
 
   // ---- formatting ------------------------------------------------------------------------
 
@@ -96,6 +98,7 @@
       }
       if (msg.type === "snapshot") onSnapshot(msg);
       else if (msg.type === "error") toast(msg.message, "error");
+      if (fleet) fleet.onMessage(msg);
     };
     socket.onclose = () => {
       if (ws !== socket) return;
@@ -314,6 +317,7 @@
     r.load.classList.toggle("danger", loaded);
     const placeholder = m.ttl_seconds != null ? String(m.ttl_seconds) : "default";
     if (document.activeElement !== r.ttlInput) r.ttlInput.placeholder = placeholder;
+    if (fleet) fleet.decorateRow(r.tr, m);
   }
 
   // One stacked bar per loaded model: its weights, its running requests' KV and its prompt cache,
@@ -548,8 +552,9 @@
 
   function pushPoint(t, usage, models, soft, hard) {
     const n = data[0].length;
-    // At most one point a second: snapshots arrive up to 10 a second.
-    const i = n && t - data[0][n - 1] < 1 ? n - 1 : n;
+    // At most one point a second: snapshots arrive up to 10 a second. The newest point moves until it
+    // is a second past the one before it (measured from that one, so steady updates still add points).
+    const i = n > 1 && t - data[0][n - 2] < 1 ? n - 1 : n;
     if (n && t < data[0][n - 1]) return;
     data[0][i] = t; data[1][i] = usage; data[2][i] = models; data[3][i] = soft; data[4][i] = hard;
   }
@@ -619,4 +624,5 @@
     get connected() { return !!ws && ws.readyState === WebSocket.OPEN; },
     send: send,
   };
+  if (fleet) fleet.init({ send, toast, fmtBytes, fmtAxisBytes, fmtClock, fmtDuration, historyLink });
 })();

@@ -1,10 +1,13 @@
 """In-process fixtures for the dashboard: the real ASGI application over a fresh OMLX_HOME, its own
 copy of the migrated database, and a runtime started anew for each test (each test has its own
-event loop)."""
+event loop). Also Debian's Chromium for the browser tests, and the run's shared Redis (and
+PostgreSQL) of tests/fleet/conftest.py for the fleet's."""
 
 from __future__ import annotations
 
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -12,8 +15,24 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.db import connections
 
+from tests.fleet.conftest import fleet_services, postgres, redis, redis_url  # noqa: F401 - fixtures, shared
+
 SMALL = "tiny"          # a 20 MB fixture model, shared with the API tests
 OTHER = "tiny-b"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: run `make browser` (Debian's chromium package)"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield browser
+        browser.close()
 
 
 def _use_database(path: str) -> None:

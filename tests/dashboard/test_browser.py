@@ -1,35 +1,17 @@
 """The dashboard in real Chromium (Debian's package, driven by Playwright) against a real server:
 pin a model and see it persisted, load a second model under a small budget and watch the eviction
-arrive without reloading the page. Screenshots land in test-artifacts/."""
+arrive without reloading the page. Screenshots land in test-artifacts/. (`browser`: conftest.py.)"""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 import threading
-from pathlib import Path
-
-import pytest
 
 from tests.conftest import ARTIFACTS, DEMO, ROOT
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SECOND = "dash-60"
-
-
-@pytest.fixture
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: run `make browser` (Debian's chromium package)"
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield browser
-        browser.close()
 
 
 def test_pin_load_and_watch_an_eviction(start_server, make_model, browser):
