@@ -2,7 +2,8 @@
 published (docs/fleet.md, "Routing").
 
 In order: a host that has the model loaded (the least busy; for a chat whose prefix one of them holds
-in its prompt cache, that one unless it is much busier); else a host where it fits without evicting
+in its prompt cache, that one unless it is much busier), unless every such host queues requests for
+it and another host can load a copy without evicting anything; else a host where it fits without evicting
 anything (the most free bytes); else the host whose eviction plan (the pool's own `plan_load`) gives
 up the least recently used models; else the host where it would fit once busy models go idle (it
 waits there, as one host would); else no room, with each host's reason. Only hosts that have the
@@ -26,6 +27,7 @@ NO_NEW_LOADS = frozenset({Level.HARD, Level.EMERGENCY})
 
 class Why(StrEnum):
     LOADED = "loaded"          # already loaded there, the least busy such host
+    SPILLS = "spills"          # a second copy: every host that has it loaded queues requests for it
     PREFIX = "prefix"          # loaded there and its prompt cache holds the chat's prefix
     FITS = "fits"              # loads there without evicting anything
     EVICTS = "evicts"          # loads there after evicting its least recently used models
@@ -43,6 +45,7 @@ class HostView:
     max_loaded: int = 0
     level: Level = Level.OK
     busy: dict[str, int] = field(default_factory=dict)           # model id -> running + queued
+    queued: dict[str, int] = field(default_factory=dict)         # model id -> waiting for a slot
     prefixes: dict[str, frozenset[str]] = field(default_factory=dict)   # model id -> cached prefix keys
     headroom_bytes: int | None = None         # measured: the hard pressure line minus the memory in use
 
@@ -73,16 +76,19 @@ def place(model_id: str, hosts: Iterable[HostView], *, prefix_keys: Sequence[str
         return Placement(None, Why.NO_HOST)
 
     loaded = [h for h in having if _model(h, model_id).state in RESIDENT_STATES]
-    if loaded:
-        return _among_loaded(model_id, loaded, prefix_keys)
-
-    open_hosts = [h for h in having if h.level not in NO_NEW_LOADS]
+    open_hosts = [h for h in having if h.level not in NO_NEW_LOADS and h not in loaded]
     plans = {h.id: plan_load(list(h.models), model_id, budget=h.budget_bytes, max_loaded=h.max_loaded)
              for h in open_hosts}
     size = _model(having[0], model_id).size_bytes
     free = [h for h in open_hosts if plans[h.id].fits and not plans[h.id].victims and h.free_bytes() >= size]
-    if free:
-        return Placement(max(free, key=lambda h: (h.free_bytes(), _reverse(h.id))).id, Why.FITS)
+    roomiest = max(free, key=lambda h: (h.free_bytes(), _reverse(h.id)), default=None)
+    if loaded:
+        # llama-swap's spillover, by the hosts' own queues: a copy where it fits, evicting nothing
+        if roomiest is not None and all(h.queued.get(model_id, 0) > 0 for h in loaded):
+            return Placement(roomiest.id, Why.SPILLS)
+        return _among_loaded(model_id, loaded, prefix_keys)
+    if roomiest is not None:
+        return Placement(roomiest.id, Why.FITS)
 
     evicting = [h for h in open_hosts if plans[h.id].fits]     # (or fits the budget, not the memory measured)
     if evicting:
@@ -156,5 +162,6 @@ def host_view(record: dict[str, Any]) -> HostView:
         id=record["host"], models=models, budget_bytes=memory.get("model_budget_bytes"),
         max_loaded=int(snapshot.get("max_loaded_models") or 0), level=Level(memory.get("level") or Level.OK),
         busy={m["id"]: int(m.get("running") or 0) + int(m.get("queued") or 0) for m in snapshot["models"]},
+        queued={m["id"]: int(m.get("queued") or 0) for m in snapshot["models"] if m.get("queued")},
         prefixes={model_id: frozenset(keys) for model_id, keys in record.get("prefixes", {}).items()},
         headroom_bytes=None if hard is None or usage is None else max(0, int(hard) - int(usage)))

@@ -60,6 +60,7 @@ async def route(request, want: Want, *, hop: bool, stream_error: Callable[[Excep
             raise _refusal(want.model, model_id, placement, member)
         if placement.host == member.host_id:
             _served_here(member, want, keys, model_id)
+            request.omlx_placement = placement.why      # the answer's x-omlx-placement (api/host_header.py)
             return None
         try:
             response = await forward(request, records[placement.host]["url"], placement.host, origin=member.host_id,

@@ -20,9 +20,9 @@ def m(model_id: str, state=U, gb: float = 10, *, used: float = 0, leases: int = 
 
 
 def host(host_id: str, *models: ModelView, budget: float | None = 40, level=Level.OK, busy=None, prefixes=None,
-         headroom: float | None = None):
+         headroom: float | None = None, queued=None):
     return HostView(host_id, tuple(models), None if budget is None else int(budget * GB), level=level,
-                    busy=busy or {}, prefixes=prefixes or {},
+                    busy=busy or {}, prefixes=prefixes or {}, queued=queued or {},
                     headroom_bytes=None if headroom is None else int(headroom * GB))
 
 
@@ -44,6 +44,13 @@ CASES = [
      "x", "a", Why.LOADED),
     ("the longer prefix wins", [host("a", m("x", L), prefixes={"x": frozenset(KEYS[:1])}),
                                 host("b", m("x", L), prefixes={"x": frozenset(KEYS[1:])})], "x", "b", Why.PREFIX),
+    ("a second copy when the holder queues", [host("a", m("x", L), busy={"x": 20}, queued={"x": 4}), host("b", m("x"))],
+     "x", "b", Why.SPILLS),
+    ("no second copy at the price of an eviction", [host("a", m("x", L), busy={"x": 20}, queued={"x": 4}),
+                                                     host("b", m("x"), m("y", L, 35))], "x", "a", Why.LOADED),
+    ("no second copy while a holder has free slots", [host("a", m("x", L), busy={"x": 20}, queued={"x": 4}),
+                                                       host("b", m("x", L)),
+                                                       host("c", m("x"))], "x", "b", Why.LOADED),
     ("most free bytes", [host("a", m("x"), m("y", L, 20)), host("b", m("x"), m("y", L, 5))], "x", "b", Why.FITS),
     ("fits without eviction beats evicting", [host("a", m("x"), m("y", L, 30), budget=38),
                                               host("b", m("x"), budget=13)], "x", "b", Why.FITS),
@@ -97,6 +104,7 @@ def test_a_published_record_becomes_a_view():
     view = host_view(record)
     assert [v.id for v in view.models] == ["x"]            # a model that failed to load there is not offered
     assert view.model("x").footprint == 9 * GB and view.model("x").leases == 2
+    assert view.queued == {"x": 1}
     assert (view.busy, view.level, view.max_loaded, view.free_bytes()) == ({"x": 2, "broken": 0}, Level.SOFT, 2,
                                                                            15 * GB)
     assert view.prefixes == {"x": frozenset({"k1"})}
