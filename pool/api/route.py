@@ -55,10 +55,10 @@ def api_route(*methods: str, auth=None, dialect: Dialect = OPENAI, wants=None):
                     response["Allow"] = ", ".join(methods)
                     return response
                 require_json_body(request)
-                refusal = csrf_refusal(request)
+                hop = fleet_hop(request)        # another host of the fleet checked the client (and its origin)
+                refusal = None if hop else csrf_refusal(request)
                 if refusal is not None:
                     return refusal
-                hop = fleet_hop(request)        # another host of the fleet checked the client
                 if auth is not None and not hop:
                     await auth(request)
                 ready_runtime()

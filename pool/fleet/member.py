@@ -114,8 +114,9 @@ class FleetMember:
                 raise
             except Exception as e:  # noqa: BLE001 - the next cycle tries again
                 self._failed("a fleet cycle failed", e)
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.interval)
+            try:   # not asyncio.wait_for: on 3.11 a wake that comes with the cancel swallows the cancel
+                async with asyncio.timeout(self.interval):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()

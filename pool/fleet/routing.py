@@ -52,6 +52,8 @@ async def route(request, want: Want, *, hop: bool, stream_error: Callable[[Excep
         views, records = await member.views(exclude=tuple(tried))
         model_id = _model_id(want.model, records, member)
         if model_id is None:
+            if tried:
+                break               # the hosts that had it went away: a 503 (below), not a 404
             return None             # not in the fleet: this host's view answers (a 404 naming the models)
         placement = _placement(model_id, want, views, keys, member.host_id)
         if placement.host is None:
@@ -82,8 +84,9 @@ def _placement(model_id: str, want: Want, views, keys: list[str], local: str) ->
         if not found:
             raise ModelNotFound(f"{want.model} on host {want.host}", sorted(v.id for v in views))
         return Placement(want.host, Why.LOADED)
-    if want.here_first and any(v.id == local and v.model(model_id) is not None for v in views):
-        return Placement(local, Why.LOADED)
+    if want.here_first:     # a question about the model, not a load: any host with its folder answers
+        having = [v.id for v in views if v.model(model_id) is not None]
+        return Placement(local if local in having else min(having), Why.LOADED)
     if want.resident:
         holders = [v.id for v in views if (m := v.model(model_id)) is not None and m.state in RESIDENT_STATES]
         if holders:
