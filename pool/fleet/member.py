@@ -19,7 +19,8 @@ from .registry import Registry
 log = logging.getLogger(__name__)
 
 MIN_INTERVAL = 0.1      # between two publishes
-READ_SECONDS = 0.25     # how old a read of the fleet may be when a request is routed
+READ_SECONDS = 0.05     # how old a read of the fleet may be when a request is routed
+STOP_SECONDS = 3.0
 
 
 class FleetMember:
@@ -95,16 +96,23 @@ class FleetMember:
             self._task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
+        """Leave the fleet; bounded, since a stop must never wait on Redis."""
         if self._task is not None:
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            try:
+                async with asyncio.timeout(STOP_SECONDS):
+                    await asyncio.gather(self._task, return_exceptions=True)
+            except TimeoutError:
+                log.warning("the fleet loop did not end within %g s of its cancel", STOP_SECONDS)
             self._task = None
         if self.registry is not None:
             try:
-                await self.registry.leave(self.host_id)       # out of the routing now, not after the TTL
+                async with asyncio.timeout(STOP_SECONDS):
+                    await self.registry.leave(self.host_id)       # out of the routing now, not after the TTL
+                    await self.registry.close()
             except Exception as e:  # noqa: BLE001 - leaving is a courtesy; the TTL does it anyway
-                log.info("could not leave the fleet: %s", e)
-            await self.registry.close()
+                log.info("could not leave the fleet: %s: %s", type(e).__name__, e)
+        log.info("left the fleet")
 
     async def _run(self) -> None:
         while True:

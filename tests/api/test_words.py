@@ -93,8 +93,9 @@ def test_every_core_error_has_a_row():
     import pool.errors
 
     core = {v for v in vars(pool.errors).values() if isinstance(v, type) and issubclass(v, PoolError)}
+    # each a subclass of a row's class
     assert core - set(ERRORS) <= {ContextLengthExceeded, WrongKind, ModelTooLarge, ModelQueueFull, ServerNotReady,
-                                  pool.errors.DatabaseBusy}   # each a subclass of a row's class
+                                  pool.errors.DatabaseBusy, pool.errors.HostUnavailable}
 
 
 def test_responses_carry_retry_after_for_busy_and_no_retry_for_the_hopeless():
