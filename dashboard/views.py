@@ -1,14 +1,23 @@
-"""The dashboard page: one template; everything live arrives over /ws/pool/."""
+"""The dashboard page: one template; everything live arrives over /ws/pool/. `/` is also Ollama's
+heartbeat: a client that does not ask for HTML (Ollama's clients, curl) and any HEAD get
+`Ollama is running`."""
 
 from django.contrib.auth.views import redirect_to_login
 from django.shortcuts import render
 
+from pool.api.ollama.info import liveness
 from pool.conf import get_settings
 
 from .access import is_open, may_view
 
 
+def wants_html(request) -> bool:
+    return "text/html" in request.headers.get("Accept", "").lower()
+
+
 def index(request):
+    if request.method == "HEAD" or not wants_html(request):
+        return liveness(request)
     client = request.META.get("REMOTE_ADDR")
     if not may_view(request.user, client):
         return redirect_to_login(request.get_full_path())

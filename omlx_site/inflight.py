@@ -4,7 +4,7 @@ refuse new ones, wait for the running ones, and end those left with the API's er
 Ending a request tells Django its client has gone (`http.disconnect`: the view's generators close
 and the engine drops the request, the same path as a real disconnect), then answers the client
 itself: the error envelope when nothing was sent yet, an SSE error event (and `[DONE]` on OpenAI's
-streams) inside a stream."""
+streams) inside a stream, or an NDJSON `{"error": ...}` line inside one of Ollama's."""
 
 from __future__ import annotations
 
@@ -68,7 +68,8 @@ class _Request:
             if message["type"] == "http.response.start":
                 self.started = True
                 content_type = dict(message.get("headers") or []).get(b"content-type", b"")
-                self.sse = content_type.lower().startswith(b"text/event-stream")
+                # a stream: SSE, or NDJSON (Ollama's); its dialect's error line ends it
+                self.sse = content_type.lower().startswith((b"text/event-stream", b"application/x-ndjson"))
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
                 self.finished = True
             await send(message)

@@ -3,7 +3,7 @@
 from asgiref.sync import async_to_sync
 from django.contrib import admin
 
-from .models import EvictionEvent, ModelSettings
+from .models import EvictionEvent, ModelSettings, StoredResponse
 from .services import SETTINGS_FIELDS, write_model_settings
 
 
@@ -52,4 +52,20 @@ class EvictionEventAdmin(admin.ModelAdmin):
         return False
 
     def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(StoredResponse)
+class StoredResponseAdmin(admin.ModelAdmin):
+    """Stored /v1/responses answers: read-only, deletable (the same as DELETE /v1/responses/{id})."""
+    list_display = ("id", "model", "created_at", "expires_at")
+    list_filter = ("model", ("created_at", admin.DateFieldListFilter))
+    search_fields = ("id", "model")
+    date_hierarchy = "created_at"
+    readonly_fields = ("id", "model", "created_at", "expires_at", "input_items", "output_items", "response")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
         return False

@@ -188,6 +188,10 @@ SETTINGS: list[Setting] = [
     Setting("OMLX_SWITCH_INTERVAL", "0.0005", float,
             "seconds a Python thread may hold the GIL while another waits (sys.setswitchinterval)", group=TUNING),
     Setting("OMLX_TELEMETRY_DAYS", "7", float, "days of enforcer telemetry kept"),
+    Setting("OMLX_RESPONSES_DAYS", "30", float,
+            "days a stored /v1/responses answer is kept for `previous_response_id` and GET; 0 = none stored"),
+    Setting("OMLX_RESPONSES_MAX", "10000", non_negative_int,
+            "stored /v1/responses answers kept at most (the oldest go first); 0 = no cap"),
     Setting("OMLX_DB_BUSY_TIMEOUT", "5", parse_duration,
             "seconds a settings write waits for another process's database lock before a 503 `database_busy` "
             "(Retry-After)", group=TUNING),
@@ -264,6 +268,8 @@ class Settings:
     max_stop_length: int
     switch_interval: float
     telemetry_days: float
+    responses_days: float
+    responses_max: int
     db_busy_timeout: float
     storage_settle: float
     prompt_cache_bytes: Size

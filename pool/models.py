@@ -132,3 +132,25 @@ class EvictionEvent(models.Model):
             "duration_ms": round(self.duration_ms, 1), "detail": self.detail, "warning": self.warning,
             "time": self.created_at.timestamp(),
         }
+
+
+class StoredResponse(models.Model):
+    """A Responses API answer kept for `previous_response_id` and GET /v1/responses/{id}: the
+    conversation it continues from (`input_items`: earlier turns and this request's input, as
+    Responses items; instructions are not carried over, as OpenAI's), what it answered
+    (`output_items`), and the response object as it was returned. Kept until `expires_at`
+    (OMLX_RESPONSES_DAYS), at most OMLX_RESPONSES_MAX rows."""
+    id = models.CharField(max_length=64, primary_key=True)
+    model = models.CharField(max_length=255)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    expires_at = models.DateTimeField(db_index=True)
+    input_items = models.JSONField(default=list)
+    output_items = models.JSONField(default=list)
+    response = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "stored response"
+
+    def __str__(self):
+        return f"{self.id} ({self.model})"

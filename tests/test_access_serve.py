@@ -1,5 +1,5 @@
 """Access where only a real `manage.py serve` process shows it: a non-loopback bind without a key is
-refused, and with --allow-remote-without-key only the OpenAI routes reach the network; slow headers and
+refused, and with --allow-remote-without-key only the OpenAI and Ollama routes reach the network; slow headers and
 silent connections are closed but long answers and the websocket are not (Twisted's timeouts, per
 connection); no key, prompt or completion text reaches the log. The rules are in test_access_rules.py,
 the in-process application's checks in test_access_asgi.py."""
@@ -94,13 +94,16 @@ def test_with_the_flag_it_warns_and_only_the_openai_routes_reach_the_network(tmp
             pytest.skip("this machine has no non-loopback IPv4 address to come from")
         remote = f"http://{other}:{port}"
         assert httpx.get(remote + "/v1/models", timeout=10).status_code == 200   # allowed by the flag
+        assert httpx.get(remote + "/api/tags", timeout=10).status_code == 200    # Ollama's routes follow /v1/*
+        assert httpx.post(remote + "/api/show", json={"model": TINY}, timeout=10).status_code == 200
         for path in ("/api/pool", "/metrics", f"/admin/model/{TINY}/settings", "/api/telemetry"):
             r = httpx.get(remote + path, timeout=10)
             assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", (path, r.text)
         r = httpx.post(remote + f"/api/models/{TINY}/load", json={}, timeout=10)
         assert r.status_code == 403
-        page = httpx.get(remote + "/", timeout=10)
+        page = httpx.get(remote + "/", headers={"Accept": "text/html"}, timeout=10)
         assert page.status_code == 302 and page.headers["location"].startswith("/admin/login/")
+        assert httpx.get(remote + "/", timeout=10).text == "Ollama is running"   # the heartbeat, not the page
         assert _websocket_status(server, origin=remote, address=other) == 403
     finally:
         assert server.stop() == 0

@@ -1,14 +1,16 @@
 """Who may call what, and which browser requests must pass Django's CSRF check.
 
 - /v1/* needs the API key when OMLX_API_KEY is set; without one it is open (the server then
-  listens on loopback unless `serve --allow-remote-without-key` said otherwise).
-- /api/* and the admin JSON routes take the key or a staff session; without a key, loopback
-  clients (or a staff session).
+  listens on loopback unless `serve --allow-remote-without-key` said otherwise). Ollama's routes
+  (/api/tags, /api/show, /api/chat, ...: dialects.OLLAMA's paths) follow the same rule, and
+  `GET /`'s liveness answer is open, as /health.
+- The operator's /api/* (/api/pool, /api/models/..., /api/telemetry, ...) and the admin JSON routes
+  take the key or a staff session; without a key, loopback clients (or a staff session).
 - /metrics follows /api/*; with OMLX_METRICS_PUBLIC=1 anyone gets it, without model ids.
 - A state-changing request from a browser (a session cookie or an Origin header) that does not
   carry the key passes Django's CSRF rule: Origin against the allowed hosts, and the CSRF token.
 
-The key comes as `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>`
+The key comes as `Authorization: Bearer <key>` (OpenAI's and Ollama's clients) or `x-api-key: <key>`
 (Anthropic's), compared in constant time; never from the query string or Basic auth."""
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from typing import Callable
 
 from ..errors import PoolError
 from .anthropic import words as anthropic_words
+from .ollama import words as ollama_words
 from .openai import words as openai_words
 
 
@@ -31,7 +32,13 @@ OPENAI = Dialect("openai", openai_words.envelope, openai_words.stream_error, str
 ANTHROPIC = Dialect("anthropic", anthropic_words.envelope, anthropic_words.stream_error,
                     paths=("/v1/messages",), statuses={503: 529})
 
-DIALECTS = (ANTHROPIC, OPENAI)      # the first whose paths match wins; OpenAI's words everything else
+# Ollama's native API: {"error": "..."}, and an NDJSON line of that shape inside a stream.
+OLLAMA = Dialect("ollama", ollama_words.envelope, ollama_words.stream_error,
+                 paths=("/api/version", "/api/tags", "/api/ps", "/api/show", "/api/chat", "/api/generate",
+                        "/api/embed", "/api/embeddings", "/api/pull", "/api/push", "/api/create", "/api/copy",
+                        "/api/delete"))
+
+DIALECTS = (ANTHROPIC, OLLAMA, OPENAI)   # the first whose paths match wins; OpenAI's words everything else
 
 
 def for_path(path: str) -> Dialect:

@@ -13,7 +13,8 @@ from .dialects import Dialect
 from .errors import stream_error
 
 
-async def event_stream(completion, events: AsyncIterator[bytes], dialect: Dialect) -> StreamingHttpResponse:
+async def event_stream(completion, events: AsyncIterator[bytes], dialect: Dialect, *,
+                       content_type: str = "text/event-stream") -> StreamingHttpResponse:
     """The response for `events`, an async generator that holds `completion` in its `async with`.
     Its first event is taken here, inside that block, so a response dropped before it is sent
     still releases the lease."""
@@ -22,7 +23,7 @@ async def event_stream(completion, events: AsyncIterator[bytes], dialect: Dialec
     except BaseException:
         await completion.aclose()
         raise
-    return StreamingHttpResponse(_guarded(first, events, dialect), content_type="text/event-stream",
+    return StreamingHttpResponse(_guarded(first, events, dialect), content_type=content_type,
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 

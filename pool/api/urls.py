@@ -1,8 +1,12 @@
 from django.urls import path
 
 from .anthropic import messages
+from .ollama import chat as ollama_chat
+from .ollama import embed as ollama_embed
+from .ollama import info as ollama
 from .openai import chat, embeddings, models
 from .operator import pool_routes, telemetry_routes
+from .responses import routes as responses
 
 urlpatterns = [
     path("health", pool_routes.health),
@@ -14,6 +18,23 @@ urlpatterns = [
     path("v1/embeddings", embeddings.embeddings),
     path("v1/messages", messages.messages),
     path("v1/messages/count_tokens", messages.count_tokens),
+    path("v1/responses", responses.create),
+    path("v1/responses/<str:response_id>", responses.retrieve),
+    path("v1/responses/<str:response_id>/input_items", responses.input_items),
+    # Ollama's native API (its chat, generate and embed routes come with their package)
+    path("api/version", ollama.version),
+    path("api/tags", ollama.tags),
+    path("api/ps", ollama.ps),
+    path("api/show", ollama.show),
+    path("api/chat", ollama_chat.chat),
+    path("api/generate", ollama_chat.generate),
+    path("api/embed", ollama_embed.embed),
+    path("api/embeddings", ollama_embed.embeddings),
+    path("api/pull", ollama.pull),
+    path("api/push", ollama.push),
+    path("api/create", ollama.create),
+    path("api/copy", ollama.copy),
+    path("api/delete", ollama.delete),
     path("api/pool", pool_routes.pool_snapshot),
     path("api/evictions", pool_routes.evictions),
     path("api/fleet", pool_routes.fleet),

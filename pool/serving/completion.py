@@ -87,6 +87,8 @@ async def open_completion(door: Door, model_id: str, spec: CompletionSpec) -> Co
     def check(entry: Entry) -> None:     # before any wait or load
         nonlocal context
         context = context_length(entry, door.pool.conf.context_fallback)
+        if spec.context_limit is not None:
+            context = min(context, spec.context_limit)
         _check_prompt_size(spec, context, door.pool.conf.prompt_chars_per_token)
 
     tool_request = _tool_request(spec)

@@ -31,6 +31,7 @@ class CompletionSpec:
     tools: tuple[dict, ...] = ()               # OpenAI function tools, for the chat template
     tool_choice: Any = None
     parallel_tool_calls: bool = True
+    context_limit: int | None = None           # the context this request may use (Ollama's num_ctx), <= the model's
 
     @property
     def prompt_param(self) -> str:

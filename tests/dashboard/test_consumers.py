@@ -216,24 +216,26 @@ async def test_without_a_key_only_loopback_peers_are_let_in(site):
 
 
 async def test_the_page_follows_the_same_rule(site):
-    page = await AsyncClient().get("/")
+    page = await AsyncClient().get("/", headers={"Accept": "text/html"})
     assert page.status_code == 200
     html = page.content.decode()
     assert 'id="dashboard-config"' in html and "vendor/uplot/uPlot.iife.min.js" in html
 
-    request = RequestFactory().get("/", REMOTE_ADDR="10.1.2.3")
+    request = RequestFactory().get("/", REMOTE_ADDR="10.1.2.3", headers={"Accept": "text/html"})
     request.user = AnonymousUser()
     remote = views.index(request)
     assert remote.status_code == 302 and remote["Location"] == "/admin/login/?next=/"
 
     site.configure(OMLX_API_KEY="secret")
-    locked = await AsyncClient().get("/")
+    locked = await AsyncClient().get("/", headers={"Accept": "text/html"})
     assert locked.status_code == 302 and locked["Location"] == "/admin/login/?next=/"
 
     staff = AsyncClient()
     await staff.aforce_login(await get_user_model().objects.acreate_user("admin", password="pw", is_staff=True))
-    page = await staff.get("/")
+    page = await staff.get("/", headers={"Accept": "text/html"})
     assert page.status_code == 200 and "log out admin" in page.content.decode()
+    heartbeat = await AsyncClient().get("/")    # not a browser: Ollama's liveness answer, open to all
+    assert heartbeat.status_code == 200 and heartbeat.content == b"Ollama is running"
 
 
 async def test_a_load_never_blocks_the_connection(site, monkeypatch):

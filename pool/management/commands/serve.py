@@ -88,9 +88,9 @@ class Command(BaseCommand):
         if not allowed:
             raise CommandError(f"refusing to listen on {host} without OMLX_API_KEY: anyone who can reach it "
                                f"could use the API; set OMLX_API_KEY, or pass {ALLOW_FLAG}")
-        self.stderr.write(f"WARNING: listening on {host} without OMLX_API_KEY: /v1/* is open to every client "
-                          "that can reach this port; /api/*, /metrics and the dashboard answer loopback "
-                          "clients (or a staff login) only.")
+        self.stderr.write(f"WARNING: listening on {host} without OMLX_API_KEY: /v1/* and Ollama's routes are open "
+                          "to every client that can reach this port; the operator's /api/*, /metrics and the "
+                          "dashboard answer loopback clients (or a staff login) only.")
 
     def _say_blas(self) -> None:
         from omlx_site import blas

@@ -1,0 +1,187 @@
+"""Ollama's POST /api/chat and POST /api/generate, through the router as the OpenAI routes: NDJSON
+lines while streaming (the default, as Ollama's), one object otherwise, the last carrying Ollama's
+counters (durations in nanoseconds). An empty /api/generate loads the model (or unloads it with
+`keep_alive: 0`), as Ollama's does; `suffix` is fill-in-the-middle where the model's tokenizer has
+the tokens for it."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
+
+from django.http import JsonResponse
+
+from ...catalog.fim import fill_in_the_middle, fim_tokens
+from ...catalog.kinds import CHAT
+from ...errors import InvalidRequest
+from ...policy.vocabulary import ModelState
+from ...runtime import get_runtime
+from ...serving.specs import CompletionSpec
+from ...tools.calls import ToolCall
+from .. import wants
+from ..auth import require_key
+from ..dialects import OLLAMA
+from ..fields import json_body
+from ..route import api_route
+from ..sse import event_stream
+from .names import resolve
+from .parse import parse_chat, parse_generate
+
+NDJSON = "application/x-ndjson"
+
+
+def created_at() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def line(body: dict) -> bytes:
+    return json.dumps(body).encode() + b"\n"
+
+
+class Clock:
+    """Ollama's counters: from the request's start, the model's (its wait and load), the prompt's
+    (to the first token) and the answer's."""
+
+    def __init__(self):
+        self.start = time.monotonic()
+        self.opened = self.first = self.end = self.start
+
+    def counters(self, final) -> dict:
+        ns = lambda seconds: int(max(0.0, seconds) * 1e9)
+        return {"total_duration": ns(self.end - self.start), "load_duration": ns(self.opened - self.start),
+                "prompt_eval_count": final.prompt_tokens if final else 0,
+                "prompt_eval_duration": ns(self.first - self.opened),
+                "eval_count": final.completion_tokens if final else 0, "eval_duration": ns(self.end - self.first)}
+
+
+class Answer:
+    """The engine's chunks as Ollama's message parts: text, and tool calls with object arguments."""
+
+    def __init__(self, completion):
+        self.tools = completion.tool_stream()
+        self.calls = 0
+
+    def feed(self, text: str) -> list:
+        return [self._part(d) for d in self.tools.feed(text)] if self.tools is not None else ([text] if text else [])
+
+    def finish(self) -> list:
+        return [self._part(d) for d in self.tools.finish()] if self.tools is not None else []
+
+    def _part(self, delta):
+        if isinstance(delta, ToolCall):
+            self.calls += 1
+            try:
+                arguments = json.loads(delta.arguments or "{}")
+            except ValueError:
+                arguments = {}
+            return {"function": {"name": delta.name, "arguments": arguments}}
+        return delta
+
+
+def _reason(final, answer: Answer) -> str:
+    return "stop" if final is None or answer.calls or final.finish_reason != "length" else "length"
+
+
+async def _answer(completion, clock: Clock, frame, *, stream: bool):
+    """Yields the NDJSON lines (stream) or, at the end, the one whole object (not stream)."""
+    answer, texts, calls, final = Answer(completion), [], [], None
+    async with completion:
+        async for chunk in completion.chunks():
+            if clock.first == clock.opened:
+                clock.first = time.monotonic()
+            parts = answer.feed(chunk.text)
+            if chunk.finish_reason is not None:
+                final = chunk
+                parts += answer.finish()
+            for part in parts:
+                if stream:
+                    yield line({**frame(part), "done": False})
+                elif isinstance(part, str):
+                    texts.append(part)
+                else:
+                    calls.append(part)
+    clock.end = time.monotonic()
+    last = frame("") if stream else frame("".join(texts), calls)
+    yield line({**last, "done": True, "done_reason": _reason(final, answer), **clock.counters(final)})
+
+
+async def _respond(completion, clock: Clock, frame, stream: bool):
+    if stream:
+        return await event_stream(completion, _answer(completion, clock, frame, stream=True), OLLAMA,
+                                  content_type=NDJSON)
+    body = b"".join([piece async for piece in _answer(completion, clock, frame, stream=False)])
+    return JsonResponse(json.loads(body))
+
+
+# ---- /api/chat -----------------------------------------------------------------------------------
+
+@api_route("POST", auth=require_key, dialect=OLLAMA, wants=wants.openai_chat)
+async def chat(request):
+    req = parse_chat(json_body(request))
+    clock = Clock()
+    router = get_runtime().router
+    spec = replace(req.spec, model=resolve(router, req.spec.model).model_id)   # `name:latest` too
+    completion = await router.generate(spec)
+    clock.opened = clock.first = time.monotonic()
+    model = completion.model_id
+
+    def frame(part, calls=()):
+        message = {"role": "assistant", "content": part if isinstance(part, str) else ""}
+        if not isinstance(part, str) or calls:
+            message["tool_calls"] = list(calls) or [part]
+        return {"model": model, "created_at": created_at(), "message": message}
+
+    return await _respond(completion, clock, frame, req.stream)
+
+
+# ---- /api/generate -------------------------------------------------------------------------------
+
+@api_route("POST", auth=require_key, dialect=OLLAMA, wants=wants.model_in_body)
+async def generate(request):
+    req = parse_generate(json_body(request))
+    router = get_runtime().router
+    if req.empty:
+        return JsonResponse(await _load_or_unload(router, req))
+    target = resolve(router, req.model)
+    fields = req.fields
+    if req.suffix is not None:
+        tokens = fim_tokens(target.model.path)
+        if tokens is None:
+            raise InvalidRequest(f"suffix: '{target.model_id}' has no fill-in-the-middle tokens in its tokenizer; "
+                                 "use a code model that has them (Qwen2.5-Coder, StarCoder2, DeepSeek-Coder, ...)",
+                                 param="suffix")
+        spec = CompletionSpec(model=target.model_id, prompt=fill_in_the_middle(tokens, req.prompt, req.suffix),
+                              **fields)
+    elif req.raw:
+        spec = CompletionSpec(model=target.model_id, prompt=req.prompt, **fields)
+    else:
+        system = [{"role": "system", "content": req.system}] if req.system else []
+        spec = CompletionSpec(model=target.model_id, messages=[*system, {"role": "user", "content": req.prompt}],
+                              **fields)
+    clock = Clock()
+    completion = await router.generate(spec)
+    clock.opened = clock.first = time.monotonic()
+    model = completion.model_id
+
+    def frame(part, calls=()):
+        return {"model": model, "created_at": created_at(), "response": part if isinstance(part, str) else ""}
+
+    return await _respond(completion, clock, frame, req.stream)
+
+
+async def _load_or_unload(router, req) -> dict:
+    """Ollama's verbs: an empty generate loads the model; with keep_alive 0 it unloads it."""
+    keep_alive = req.fields.get("keep_alive")
+    target = resolve(router, req.model)
+    if keep_alive == 0:
+        if target.model.state == ModelState.LOADED:
+            await router.unload(target.model_id)
+        reason = "unload"
+    else:
+        async with router.lease(target.model_id, CHAT, keep_alive=keep_alive):
+            pass
+        reason = "load"
+    return {"model": target.model_id, "created_at": created_at(), "response": "", "done": True,
+            "done_reason": reason}

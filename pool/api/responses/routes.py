@@ -1,0 +1,181 @@
+"""OpenAI's Responses API: POST /v1/responses (the event sequence of events.py when streaming),
+GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items. A request goes through the
+router to the serving door as the chat route's does (limits, keep-alive, KV fields, prompt cache,
+admission, the enforcer); errors are OpenAI's envelope before a stream begins, and `error` then
+`response.failed` events after. A stored response (`store`, true by default) is written in the
+background (store.py); `previous_response_id` continues its conversation, whose rendered prefix is
+the previous turn's prompt, so the prompt cache has it warm."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from django.http import JsonResponse
+
+from ...errors import ContextLengthExceeded, PoolError
+from ...fleet.routing import Want
+from ...runtime import get_runtime
+from ...tools.calls import ToolCall
+from ...tools.formats import FALLBACK
+from ...tools.prompt import prepare_messages
+from ..auth import require_key
+from ..dialects import OPENAI, Dialect
+from ..errors import envelope, internal
+from ..fields import integer, json_body
+from ..keepalive import KEEPALIVE, until_first
+from ..openai import words as openai_words
+from ..route import api_route
+from ..sse import event_stream
+from . import store
+from .events import EventStream, sse
+from .items import drop_oldest
+from .parse import ResponsesRequest, parse_responses
+from .shapes import Response, Text, output_items, status_of, usage
+
+log = logging.getLogger("pool.api.responses")
+KEEPALIVE_COMMENT = b": keep-alive\n\n"
+
+
+def _stream_error(error: PoolError, status: int, kind: str) -> bytes:
+    """Only for a failure outside the stream's own handling (it sends error + response.failed)."""
+    return sse({"type": "error", "sequence_number": 0, "code": error.code, "message": openai_words.message(error),
+                "param": error.param})
+
+
+RESPONSES = Dialect("openai-responses", openai_words.envelope, _stream_error)
+
+
+def _wants(request, kwargs) -> Want | None:
+    """The fleet routes by the model, and by the instructions and input as a chat's messages."""
+    try:
+        body = json.loads(request.body or b"{}")
+    except (ValueError, RecursionError):
+        return None
+    model = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(model, str) or not model:
+        return None
+    given = body.get("input")
+    return Want(model, messages=[body.get("instructions"), *(given if isinstance(given, list) else [given])])
+
+
+@api_route("POST", auth=require_key, wants=_wants)
+async def create(request):
+    req = parse_responses(json_body(request))
+    earlier = await store.conversation(req.previous_response_id) if req.previous_response_id else []
+    completion, items = await _open(req, [*earlier, *req.input])
+    response = Response(model=completion.model_id, echo=req.echo)
+    reader = _reader(completion)
+    if not req.stream:
+        async with completion:
+            body = await _collect(completion, reader, response)
+        if req.store:
+            store.keep(body, items, body["output"])
+        return JsonResponse(body)
+    return await event_stream(completion, _stream(completion, reader, EventStream(response), req, items), RESPONSES)
+
+
+async def _open(req: ResponsesRequest, items: list[dict]):
+    """The completion, and the items it was given: with `truncation: "auto"` the oldest items go, one
+    turn at a time, until the conversation fits the model's context."""
+    while True:
+        spec = req.spec(items)
+        assert spec.messages is not None
+        if any("tool_calls" in m or m["role"] == "tool" for m in spec.messages):
+            prepare_messages(spec.messages, None, FALLBACK)   # tool history it cannot render: a 400 first
+        try:
+            return await get_runtime().router.generate(spec), items
+        except ContextLengthExceeded:
+            shorter = drop_oldest(items) if req.truncation == "auto" else None
+            if shorter is None:
+                raise
+            items = shorter
+
+
+class _Reader:
+    """The engine's text as pieces: through the request's tool-call parser when it has tools."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def feed(self, text: str) -> list:
+        if self._stream is None:
+            return [Text(text)] if text else []
+        return [d if isinstance(d, ToolCall) else Text(d) for d in self._stream.feed(text)]
+
+    def finish(self) -> list:
+        if self._stream is None:
+            return []
+        return [d if isinstance(d, ToolCall) else Text(d) for d in self._stream.finish()]
+
+
+def _reader(completion) -> _Reader:
+    return _Reader(completion.tool_stream())
+
+
+async def _collect(completion, reader: _Reader, response: Response) -> dict:
+    pieces, last = [], None
+    async for chunk in completion.chunks():
+        pieces.extend(reader.feed(chunk.text))
+        last = chunk
+    pieces.extend(reader.finish())
+    assert last is not None
+    output = output_items(pieces)
+    status, details = status_of(last.finish_reason, output)
+    return response.body(status=status, output=output, incomplete_details=details,
+                         usage=usage(last.prompt_tokens, last.cached_tokens, last.completion_tokens))
+
+
+async def _stream(completion, reader: _Reader, events: EventStream, req: ResponsesRequest, items: list[dict]):
+    async with completion:
+        yield b"".join(sse(e) for e in events.start())
+        try:
+            async for chunk in until_first(completion.chunks(), get_runtime().settings.sse_keepalive):
+                if chunk is KEEPALIVE:
+                    yield KEEPALIVE_COMMENT
+                    continue
+                out = [e for piece in reader.feed(chunk.text) for e in events.feed(piece)]
+                if chunk.finish_reason is not None:
+                    out += [e for piece in reader.finish() for e in events.feed(piece)]
+                    out += events.finish(finish_reason=chunk.finish_reason, usage=usage(
+                        chunk.prompt_tokens, chunk.cached_tokens, chunk.completion_tokens))
+                    if req.store and events.final is not None:
+                        store.keep(events.final, items, events.final["output"])   # before the client reads it
+                if out:
+                    yield b"".join(sse(e) for e in out)
+        except Exception as e:  # the stream has begun: error and response.failed events
+            error = e if isinstance(e, PoolError) else internal()
+            if error is not e:
+                log.exception("unexpected error in a responses stream", exc_info=e)
+            detail = envelope(error, OPENAI)["error"]
+            yield b"".join(sse(x) for x in events.fail(code=detail["code"], message=detail["message"],
+                                                       param=detail["param"]))
+
+
+# ---- stored responses ----------------------------------------------------------------------------
+
+@api_route("GET", "DELETE", auth=require_key)
+async def retrieve(request, response_id: str):
+    if request.method == "DELETE":
+        await store.delete(response_id)
+        return JsonResponse({"id": response_id, "object": "response", "deleted": True})
+    return JsonResponse(await store.get(response_id))
+
+
+@api_route("GET", auth=require_key)
+async def input_items(request, response_id: str):
+    """The conversation's input items (earlier turns included), newest first unless ?order=asc."""
+    items = await store.input_items(response_id)
+    limit = integer({"limit": _int(request.GET.get("limit", "20"))}, "limit", minimum=1, maximum=100)
+    if request.GET.get("order", "desc") == "desc":
+        items = items[::-1]
+    data = items[:limit]
+    return JsonResponse({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+                         "last_id": data[-1]["id"] if data else None, "has_more": len(items) > len(data)})
+
+
+def _int(text: str):
+    try:
+        return int(text)
+    except ValueError:
+        return text
