@@ -176,6 +176,15 @@ def test_get_and_delete(client):
         client.responses.delete(reply.id)
 
 
+def test_a_response_still_streaming_is_in_progress(client):
+    with client.responses.stream(model=DEMO, input="Count to fifty.", max_output_tokens=200) as stream:
+        created = next(iter(stream)).response                # response.created
+        during = client.responses.retrieve(created.id)
+        final = list(stream)[-1].response
+    assert during.status == "in_progress" and during.output == []
+    assert client.responses.retrieve(created.id).status == final.status != "in_progress"
+
+
 def test_store_false_is_not_kept(client):
     reply = client.responses.create(model=DEMO, input="Say hi.", max_output_tokens=5, store=False)
     with pytest.raises(openai.NotFoundError):

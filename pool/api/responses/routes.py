@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import aclosing
 
 from django.http import JsonResponse
 
@@ -127,29 +128,40 @@ async def _collect(completion, reader: _Reader, response: Response) -> dict:
 
 
 async def _stream(completion, reader: _Reader, events: EventStream, req: ResponsesRequest, items: list[dict]):
-    async with completion:
-        yield b"".join(sse(e) for e in events.start())
-        try:
-            async for chunk in until_first(completion.chunks(), get_runtime().settings.sse_keepalive):
-                if chunk is KEEPALIVE:
-                    yield KEEPALIVE_COMMENT
-                    continue
-                out = [e for piece in reader.feed(chunk.text) for e in events.feed(piece)]
-                if chunk.finish_reason is not None:
-                    out += [e for piece in reader.finish() for e in events.feed(piece)]
-                    out += events.finish(finish_reason=chunk.finish_reason, usage=usage(
-                        chunk.prompt_tokens, chunk.cached_tokens, chunk.completion_tokens))
-                    if req.store and events.final is not None:
-                        store.keep(events.final, items, events.final["output"])   # before the client reads it
-                if out:
-                    yield b"".join(sse(e) for e in out)
-        except Exception as e:  # the stream has begun: error and response.failed events
-            error = e if isinstance(e, PoolError) else internal()
-            if error is not e:
-                log.exception("unexpected error in a responses stream", exc_info=e)
-            detail = envelope(error, OPENAI)["error"]
-            yield b"".join(sse(x) for x in events.fail(code=detail["code"], message=detail["message"],
-                                                       param=detail["param"]))
+    start = events.start()
+    if req.store:
+        store.streaming(start[0]["response"])        # GET shows it in_progress until it is written
+    try:
+        async with completion, aclosing(_events(completion, reader, events, req, items)) as stream:
+            yield b"".join(sse(e) for e in start)
+            async for out in stream:
+                yield out
+    finally:
+        store.streamed(start[0]["response"]["id"])
+
+
+async def _events(completion, reader: _Reader, events: EventStream, req: ResponsesRequest, items: list[dict]):
+    try:
+        async for chunk in until_first(completion.chunks(), get_runtime().settings.sse_keepalive):
+            if chunk is KEEPALIVE:
+                yield KEEPALIVE_COMMENT
+                continue
+            out = [e for piece in reader.feed(chunk.text) for e in events.feed(piece)]
+            if chunk.finish_reason is not None:
+                out += [e for piece in reader.finish() for e in events.feed(piece)]
+                out += events.finish(finish_reason=chunk.finish_reason, usage=usage(
+                    chunk.prompt_tokens, chunk.cached_tokens, chunk.completion_tokens))
+                if req.store and events.final is not None:
+                    store.keep(events.final, items, events.final["output"])   # before the client reads it
+            if out:
+                yield b"".join(sse(e) for e in out)
+    except Exception as e:  # the stream has begun: error and response.failed events
+        error = e if isinstance(e, PoolError) else internal()
+        if error is not e:
+            log.exception("unexpected error in a responses stream", exc_info=e)
+        detail = envelope(error, OPENAI)["error"]
+        yield b"".join(sse(x) for x in events.fail(code=detail["code"], message=detail["message"],
+                                                   param=detail["param"]))
 
 
 # ---- stored responses ----------------------------------------------------------------------------

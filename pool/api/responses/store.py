@@ -24,6 +24,7 @@ from ..errors import RouteNotFound
 log = logging.getLogger("pool.api.responses")
 
 _writing: dict[str, asyncio.Task] = {}     # response id -> the task writing it
+_streaming: dict[str, dict] = {}           # response id -> its body while it streams (status in_progress)
 
 
 class ResponseNotFound(RouteNotFound):
@@ -32,6 +33,16 @@ class ResponseNotFound(RouteNotFound):
 
 def enabled() -> bool:
     return get_settings().responses_days > 0
+
+
+def streaming(response: dict) -> None:
+    """A stored response that has begun streaming: GET shows it `in_progress` until it is written."""
+    if enabled():
+        _streaming[response["id"]] = response
+
+
+def streamed(response_id: str) -> None:
+    _streaming.pop(response_id, None)
 
 
 def keep(response: dict, input_items: list[dict], output_items: list[dict]) -> None:
@@ -95,6 +106,8 @@ async def conversation(previous_response_id: str) -> list[dict]:
 
 
 async def get(response_id: str) -> dict:
+    if response_id in _streaming and response_id not in _writing:
+        return _streaming[response_id]
     return (await _row(response_id, param=None, what="Response")).response
 
 
