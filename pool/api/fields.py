@@ -11,6 +11,7 @@ from django.core.exceptions import RequestDataTooBig
 
 from ..conf import get_settings, parse_duration
 from ..errors import InvalidRequest
+from ..policy import kv
 from ..policy.limits import stop_problem, too_many
 from ..strict_json import loads_strict
 
@@ -92,3 +93,13 @@ def stop_strings(value, *, name: str, where: str, max_count: int | None, strings
     if problem:
         raise InvalidRequest(f"{where} {problem}", param=name)
     return tuple(s for s in value if s)
+
+
+def kv_fields(body) -> dict:
+    """The KV limits the body gives (their combination with the model's defaults is checked later)."""
+    given = {name: body[name] for name in kv.FIELDS if body.get(name) is not None}
+    for name, value in given.items():
+        problem = kv.field_problem(name, value)
+        if problem:
+            raise InvalidRequest(f"'{name}' {problem}", param=name)
+    return given

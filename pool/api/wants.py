@@ -47,6 +47,15 @@ def anthropic_messages(request, kwargs) -> Want | None:
     return Want(model, messages=[body.get("system"), *messages] if messages else None) if model else None
 
 
+def responses_input(request, kwargs) -> Want | None:
+    """OpenAI's Responses API: the instructions and the input as a chat's messages."""
+    body = _body(request)
+    model = _model(body)
+    given = body.get("input")
+    return Want(model, messages=[body.get("instructions"), *(given if isinstance(given, list) else [given])]) \
+        if model else None
+
+
 def model_in_body(request, kwargs) -> Want | None:
     model = _model(_body(request))
     return Want(model) if model else None

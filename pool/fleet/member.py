@@ -35,6 +35,7 @@ class FleetMember:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._records: list[dict[str, Any]] = []
+        self._own: dict[str, Any] | None = None     # this host's record as of the last read
         self._read_at = 0.0
         self._settings_mark: Any = None
         self._pin_loads: set[str] = set()
@@ -56,16 +57,18 @@ class FleetMember:
     # ---- the fleet as read -----------------------------------------------------------------------
 
     async def records(self, *, fresh: bool = False) -> list[dict[str, Any]]:
-        """Every live host's record, this host's as of now."""
-        if self.registry is not None and (fresh or time.monotonic() - self._read_at > READ_SECONDS):
-            try:
-                self._records = await self.registry.hosts()
-                self._read_at = time.monotonic()
-                self._healthy()
-            except Exception as e:  # noqa: BLE001 - without Redis, this host serves alone
-                self._failed("cannot read the fleet from Redis", e)
+        """Every live host's record, read at most READ_SECONDS ago (this host's own built then too: a
+        routed request does not pay a memory probe and a snapshot of its own)."""
+        if fresh or self._own is None or time.monotonic() - self._read_at > READ_SECONDS:
+            if self.registry is not None:
+                try:
+                    self._records = await self.registry.hosts()
+                    self._healthy()
+                except Exception as e:  # noqa: BLE001 - without Redis, this host serves alone
+                    self._failed("cannot read the fleet from Redis", e)
+            self._own, self._read_at = self.record(), time.monotonic()
         others = [r for r in self._records if r.get("host") != self.host_id]
-        return sorted([self.record(), *others], key=lambda r: r["host"])
+        return sorted([self._own, *others], key=lambda r: r["host"])
 
     async def views(self, *, exclude: tuple[str, ...] = ()) -> tuple[list[HostView], dict[str, dict]]:
         records = {r["host"]: r for r in await self.records() if r["host"] not in exclude}

@@ -10,12 +10,11 @@ from dataclasses import dataclass
 
 from ...conf import get_settings
 from ...errors import InvalidRequest
-from ...policy import kv
 from ...serving.specs import CompletionSpec
 from ...tools.formats import FALLBACK
 from ...tools.prompt import prepare_messages
 from ...tools.request import parse_tool_request
-from ..fields import check_count, flag, integer, keep_alive, number, stop_strings
+from ..fields import check_count, flag, integer, keep_alive, kv_fields, number, stop_strings
 from .structured import parse_response_format
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -126,16 +125,6 @@ def _chat_tools(body) -> dict:
     return {**fields, "constraint": _response_format(body)}
 
 
-def _kv_fields(body) -> dict:
-    """The KV limits the body gives (their combination with the model's defaults is checked later)."""
-    given = {name: body[name] for name in kv.FIELDS if body.get(name) is not None}
-    for name, value in given.items():
-        problem = kv.field_problem(name, value)
-        if problem:
-            raise InvalidRequest(f"'{name}' {problem}", param=name)
-    return given
-
-
 def _logprobs(body, *, chat: bool) -> int | None:
     """How many top tokens each token's logprobs carry, or None when the request asked for none.
     Chat: `logprobs` true/false and `top_logprobs` 0..20; completions: `logprobs` 0..5."""
@@ -196,7 +185,7 @@ def parse_completion(body: dict, *, chat: bool) -> CompletionRequest:
         seed=integer(body, "seed", minimum=0, maximum=2**64 - 1),   # MLX's generator takes a uint64
         keep_alive=keep_alive(body),
         cache_prompt=flag(body, "cache_prompt", default=True),
-        kv=_kv_fields(body),
+        kv=kv_fields(body),
         n=n or 1,
         logprobs=_logprobs(body, chat=chat),
         logit_bias=_logit_bias(body),

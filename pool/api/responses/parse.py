@@ -16,11 +16,10 @@ from typing import Any
 
 from ...conf import get_settings
 from ...errors import InvalidRequest
-from ...policy import kv
 from ...serving.constraints import UnsupportedSchema, json_object, json_schema
 from ...serving.specs import CompletionSpec
 from ...tools.request import parse_tool_request
-from ..fields import check_count, flag, integer, keep_alive, number
+from ..fields import check_count, flag, integer, keep_alive, kv_fields, number
 from .items import input_items, messages
 
 TRUNCATIONS = ("disabled", "auto")
@@ -144,15 +143,6 @@ def text_format(body):
                              code="unsupported_schema") from None
 
 
-def _kv_fields(body) -> dict:
-    given = {name: body[name] for name in kv.FIELDS if body.get(name) is not None}
-    for name, value in given.items():
-        problem = kv.field_problem(name, value)
-        if problem:
-            raise InvalidRequest(f"'{name}' {problem}", param=name)
-    return given
-
-
 def _refused(body) -> None:
     for name, what in REFUSED.items():
         if body.get(name) not in (None, False):
@@ -179,7 +169,7 @@ def parse_responses(body: dict) -> ResponsesRequest:
     top_p = number(body, "top_p", 0, 1, lo_open=True)
     spec_fields = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                        seed=integer(body, "seed", minimum=0, maximum=2**64 - 1), keep_alive=keep_alive(body),
-                       cache_prompt=flag(body, "cache_prompt", default=True), kv=_kv_fields(body),
+                       cache_prompt=flag(body, "cache_prompt", default=True), kv=kv_fields(body),
                        constraint=constraint, **tools)
     store = flag(body, "store", default=True)
     echo = {"instructions": instructions, "max_output_tokens": max_tokens, "metadata": _metadata(body) or {},

@@ -8,18 +8,17 @@ the previous turn's prompt, so the prompt cache has it warm."""
 
 from __future__ import annotations
 
-import json
 import logging
 from contextlib import aclosing
 
 from django.http import JsonResponse
 
 from ...errors import ContextLengthExceeded, PoolError
-from ...fleet.routing import Want
 from ...runtime import get_runtime
 from ...tools.calls import ToolCall
 from ...tools.formats import FALLBACK
 from ...tools.prompt import prepare_messages
+from .. import wants
 from ..auth import require_key
 from ..dialects import OPENAI, Dialect
 from ..errors import envelope, internal
@@ -47,20 +46,7 @@ def _stream_error(error: PoolError, status: int, kind: str) -> bytes:
 RESPONSES = Dialect("openai-responses", openai_words.envelope, _stream_error)
 
 
-def _wants(request, kwargs) -> Want | None:
-    """The fleet routes by the model, and by the instructions and input as a chat's messages."""
-    try:
-        body = json.loads(request.body or b"{}")
-    except (ValueError, RecursionError):
-        return None
-    model = body.get("model") if isinstance(body, dict) else None
-    if not isinstance(model, str) or not model:
-        return None
-    given = body.get("input")
-    return Want(model, messages=[body.get("instructions"), *(given if isinstance(given, list) else [given])])
-
-
-@api_route("POST", auth=require_key, wants=_wants)
+@api_route("POST", auth=require_key, wants=wants.responses_input)
 async def create(request):
     req = parse_responses(json_body(request))
     earlier = await store.conversation(req.previous_response_id) if req.previous_response_id else []
