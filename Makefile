@@ -5,14 +5,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: run test lint setup install blas browser services bench-cpu bench-single bench-concurrency bench-isolation bench-swap bench-enforcer bench-dashboard bench-multiturn bench-resume bench-kv bench-constrained bench-fleet bench-fleet-sim soak soak-tests clean
+.PHONY: run test lint setup install blas browser services clients bench-cpu bench-single bench-concurrency bench-isolation bench-swap bench-enforcer bench-dashboard bench-multiturn bench-resume bench-kv bench-constrained bench-fleet bench-fleet-sim soak soak-tests clean
 
 run: setup
 	$(PY) manage.py serve
 
 # Two workers: most tests spend their time waiting on a real server, so two files at a time fit 2 cores.
 TEST_WORKERS ?= 2
-test: setup browser services lint
+test: setup browser services clients lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # ruff (pyproject's rules; RUF100 makes each remaining noqa mean something) and mypy on the typed core
@@ -58,6 +58,16 @@ services:
 	@{ ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && command -v redis-server >/dev/null; } || { \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql redis-server >/dev/null; }
+
+# Node.js and the JavaScript clients the tests drive (tests/clients: ollama-js), at the lock file's versions.
+clients: tests/clients/node_modules/.installed
+
+tests/clients/node_modules/.installed: tests/clients/package-lock.json
+	@command -v npm >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq nodejs npm >/dev/null; }
+	cd tests/clients && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
 
 bench-single: setup
 	$(PY) benchmarks/single_stream.py
@@ -109,4 +119,4 @@ soak-tests: setup browser
 	$(PY) -m pytest -q -m slow
 
 clean:
-	rm -rf $(VENV) test-artifacts
+	rm -rf $(VENV) test-artifacts tests/clients/node_modules
