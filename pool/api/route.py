@@ -12,7 +12,7 @@ from django.views.decorators.csrf import csrf_exempt
 from ..errors import InvalidRequest, PoolError
 from ..fleet.routing import fleet_routes, route
 from ..runtime import ready_runtime
-from .auth import SAFE_METHODS, fleet_hop, is_browser, key_valid, needs_csrf_check
+from .auth import fleet_hop, is_browser, key_valid, needs_csrf_check
 from .dialects import OPENAI, Dialect
 from .errors import MethodNotAllowed, error_response, internal_error, stream_error
 
@@ -26,8 +26,9 @@ def is_json(content_type: str) -> bool:
 
 def require_json_body(request) -> None:
     """A page on another site can post a form or text/plain without asking; a JSON body needs a
-    CORS preflight this server never grants."""
-    if request.method not in SAFE_METHODS and not is_json(request.content_type or ""):
+    CORS preflight this server never grants. Other methods (DELETE) always need one, so a DELETE
+    without a body (curl's, an SDK's) is taken as it is."""
+    if request.method == "POST" and not is_json(request.content_type or ""):
         raise InvalidRequest("State-changing calls take a JSON body: send 'Content-Type: application/json' "
                          "(the body may be {}).", code="unsupported_media_type")
 

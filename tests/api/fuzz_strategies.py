@@ -151,6 +151,70 @@ SETTINGS_FIELDS = {"is_pinned": st.booleans(), "is_hidden": st.booleans(), "ttl_
                    "max_kv_size": kv_ints, "kv_bits": kv_ints, "kv_group_size": kv_ints, "quantized_kv_start": kv_ints}
 UNLOAD_FIELDS = {"force": st.booleans() | st.just("yes")}
 
+# ---- Ollama's native API ---------------------------------------------------------------------------
+
+ollama_models = st.sampled_from([DEMO, f"{DEMO}:latest", f"{DEMO}:7b", "nope", "", MINILM, 5])
+ollama_formats = st.sampled_from(["json", "", "yaml", None]) | schemas
+ollama_options = st.fixed_dictionaries({}, optional={
+    "temperature": unit_floats, "top_p": unit_floats, "top_k": st.integers(-1, 100) | st.sampled_from(HUGE_INTS),
+    "seed": st.integers(-2, 2**64 + 1), "stop": stops, "num_predict": max_tokens_values,
+    "num_ctx": st.integers(-1, 10**6) | st.sampled_from(HUGE_INTS), "repeat_penalty": unit_floats,
+    "presence_penalty": unit_floats, "frequency_penalty": unit_floats, "num_gpu": st.integers(-1, 99)})
+ollama_call = st.fixed_dictionaries({"function": st.fixed_dictionaries(
+    {"name": tool_names}, optional={"arguments": st.just({"city": "Paris"}) | st.just("{") | st.just([])})})
+ollama_messages = st.lists(st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "tool", "robot"])},
+    optional={"content": texts | st.none() | st.just([]), "images": st.lists(st.just("aGk="), max_size=1),
+              "tool_calls": st.lists(ollama_call, max_size=2), "tool_name": tool_names,
+              "thinking": texts}), min_size=1, max_size=4)
+OLLAMA_SHARED = {"model": ollama_models, "format": ollama_formats, "options": ollama_options,
+                 "keep_alive": keep_alives, "stream": st.booleans() | st.just("yes"),
+                 "think": st.booleans() | st.sampled_from(["high", "x"])}
+OLLAMA_CHAT_FIELDS = {**OLLAMA_SHARED, "messages": ollama_messages, "tools": openai_tools}
+OLLAMA_GENERATE_FIELDS = {**OLLAMA_SHARED, "prompt": texts, "suffix": texts, "system": texts, "raw": st.booleans(),
+                          "template": texts | st.sampled_from(["{{ .Prompt }}", "{{", "{% for %}"]),
+                          "images": st.lists(st.just("aGk="), max_size=2), "context": st.lists(token_ids, max_size=3)}
+OLLAMA_EMBED_FIELDS = {"model": st.sampled_from([MINILM, f"{MINILM}:latest", DEMO, "nope", ""]),
+                       "input": EMBEDDING_FIELDS["input"], "truncate": st.booleans() | st.just("no"),
+                       "dimensions": EMBEDDING_FIELDS["dimensions"], "keep_alive": keep_alives,
+                       "options": ollama_options}
+OLLAMA_EMBEDDINGS_FIELDS = {"model": OLLAMA_EMBED_FIELDS["model"], "prompt": texts, "keep_alive": keep_alives}
+OLLAMA_SHOW_FIELDS = {"model": ollama_models, "name": ollama_models, "verbose": st.booleans() | st.just(1)}
+
+# ---- OpenAI's Responses API ---------------------------------------------------------------------------
+
+response_parts = st.lists(st.fixed_dictionaries(
+    {"type": st.sampled_from(["input_text", "output_text", "input_image", "refusal", "x"])},
+    optional={"text": texts, "image_url": st.just("data:image/png;base64,aGk=")}), max_size=2)
+response_items = st.lists(st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "developer", "robot"])},
+                          optional={"type": st.just("message"), "content": texts | response_parts}),
+    st.fixed_dictionaries({"type": st.just("function_call"), "call_id": st.sampled_from(["call_1", "", 5]),
+                           "name": tool_names, "arguments": st.sampled_from(['{"a": 1}', "{", "", "1"])}),
+    st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": st.sampled_from(["call_1", "zz"])},
+                          optional={"output": texts | st.just({"a": 1})}),
+    st.fixed_dictionaries({"type": st.sampled_from(["reasoning", "web_search_call", "item_reference", ""])})),
+    min_size=1, max_size=4)
+response_tools = st.lists(st.fixed_dictionaries(
+    {"type": st.sampled_from(["function", "web_search", "file_search"])},
+    optional={"name": tool_names, "description": texts, "parameters": schemas, "strict": st.booleans()}), max_size=2)
+response_text = st.fixed_dictionaries({}, optional={"format": st.sampled_from(
+    [{"type": "text"}, {"type": "json_object"}, {"type": "xml"}, {}]) | st.builds(
+    lambda schema, strict: {"type": "json_schema", "name": "x", "schema": schema, "strict": strict},
+    schemas, st.booleans() | st.just("yes")), "verbosity": st.sampled_from(["low", "x"])})
+RESPONSES_FIELDS = {
+    "model": SAMPLING["model"], "input": texts | response_items, "instructions": texts | st.none(),
+    "tools": response_tools, "parallel_tool_calls": st.booleans() | st.just(0), "text": response_text,
+    "tool_choice": st.sampled_from(["auto", "none", "required", "any", {"type": "function", "name": "get_weather"},
+                                    {"type": "function", "name": "missing"}, {"type": "function"}]),
+    "max_output_tokens": max_tokens_values, "temperature": unit_floats, "top_p": unit_floats,
+    "stream": st.booleans() | st.just("yes"), "store": st.booleans() | st.just("no"),
+    "previous_response_id": st.sampled_from(["resp_nope", "", "resp_" + "0" * 48, 5, None]),
+    "metadata": st.dictionaries(st.text(max_size=70), texts, max_size=20) | st.just([]),
+    "truncation": st.sampled_from(["auto", "disabled", "x"]), "keep_alive": keep_alives,
+    "reasoning": st.just({"effort": "high"}) | st.just({}), "include": st.just(["reasoning.encrypted_content"]),
+}
+
 
 def bodies(base: dict, fields: dict) -> st.SearchStrategy:
     """The route's valid base body with one or two fields given a plausible or a nasty value, maybe one

@@ -1,7 +1,7 @@
 """Fuzzed request bodies for every JSON route, through the ASGI application in this process (the demo
-model, MiniLM and a tiny fixture model): each body gets a 200 or a 4xx in the route's error envelope (OpenAI's, or
-Anthropic's on /v1/messages*), within a bounded time, and the server stays up with a snapshot that
-browsers can parse. Hypothesis draws the bodies from a fixed seed (derandomize) and a bounded count,
+model, MiniLM and a tiny fixture model): each body gets a 200 or a 4xx in the route's error envelope
+(OpenAI's, Anthropic's on /v1/messages*, Ollama's on /api/chat and its neighbours), within a bounded time,
+and the server stays up with a snapshot that browsers can parse. Hypothesis draws the bodies from a fixed seed (derandomize) and a bounded count,
 so a run is the same every time; findings are collected and reported together, with their bodies.
 The bodies are drawn by tests/api/fuzz_strategies.py and judged by tests/api/fuzz_verdict.py."""
 
@@ -22,6 +22,12 @@ from tests.api.fuzz_strategies import (
     EMBEDDING_FIELDS,
     MESSAGES_FIELDS,
     MINILM,
+    OLLAMA_CHAT_FIELDS,
+    OLLAMA_EMBED_FIELDS,
+    OLLAMA_EMBEDDINGS_FIELDS,
+    OLLAMA_GENERATE_FIELDS,
+    OLLAMA_SHOW_FIELDS,
+    RESPONSES_FIELDS,
     SETTINGS_FIELDS,
     SMALL_MAX_TOKENS,
     TINY,
@@ -31,7 +37,7 @@ from tests.api.fuzz_strategies import (
     nested,
     to_json,
 )
-from tests.api.fuzz_verdict import ANTHROPIC, OPENAI, answer_problem
+from tests.api.fuzz_verdict import ANTHROPIC, OLLAMA, OPENAI, RESPONSES, answer_problem
 from tests.conftest import DEMO
 
 SECONDS_PER_REQUEST = 30        # a body answered later than this is a hang
@@ -111,10 +117,21 @@ ROUTES = {   # path -> (envelope, base body, fields)
     f"/api/models/{TINY}/unload": (OPENAI, {"force": False}, UNLOAD_FIELDS),
     "/api/rediscover": (OPENAI, {}, {}),
     "/api/enforcer/tick": (OPENAI, {}, {}),
+    "/v1/responses": (RESPONSES, {"model": DEMO, "input": "hi", "max_output_tokens": SMALL_MAX_TOKENS},
+                      RESPONSES_FIELDS),
+    "/api/chat": (OLLAMA, {"model": DEMO, "messages": [{"role": "user", "content": "hi"}], "stream": False,
+                           "options": {"num_predict": SMALL_MAX_TOKENS}}, OLLAMA_CHAT_FIELDS),
+    "/api/generate": (OLLAMA, {"model": DEMO, "prompt": "Once", "stream": False,
+                               "options": {"num_predict": SMALL_MAX_TOKENS}}, OLLAMA_GENERATE_FIELDS),
+    "/api/embed": (OLLAMA, {"model": MINILM, "input": "hello"}, OLLAMA_EMBED_FIELDS),
+    "/api/embeddings": (OLLAMA, {"model": MINILM, "prompt": "hello"}, OLLAMA_EMBEDDINGS_FIELDS),
+    "/api/show": (OLLAMA, {"model": DEMO}, OLLAMA_SHOW_FIELDS),
 }
 EXAMPLES = {"/v1/chat/completions": 40, "/v1/completions": 20, "/v1/messages": 30, "/v1/messages/count_tokens": 15,
             "/v1/embeddings": 15, f"/admin/model/{TINY}/settings": 30, f"/api/models/{TINY}/load": 4,
-            f"/api/models/{TINY}/unload": 4, "/api/rediscover": 3, "/api/enforcer/tick": 3}
+            f"/api/models/{TINY}/unload": 4, "/api/rediscover": 3, "/api/enforcer/tick": 3,
+            "/v1/responses": 30, "/api/chat": 30, "/api/generate": 25, "/api/embed": 10, "/api/embeddings": 8,
+            "/api/show": 8}
 FUZZ = settings(derandomize=True, database=None, deadline=None, print_blob=False,
                 phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
 
@@ -166,6 +183,7 @@ GRID_FIELDS = {"/v1/completions": ["prompt", "logprobs", "echo", "suffix", "max_
                "/v1/messages/count_tokens": ["messages", "system", "tools"],
                f"/api/models/{TINY}/load": [], "/api/rediscover": [], "/api/enforcer/tick": []}
 PARALLEL = 4   # generation routes take these bodies at once (batched); settings one by one (one SQLite row)
+GENERATING = ("/v1/", "/api/chat", "/api/generate", "/api/embed")
 
 
 def test_every_field_with_each_class_of_nasty_value(server):
@@ -174,7 +192,7 @@ def test_every_field_with_each_class_of_nasty_value(server):
         base = {**base, "max_tokens": 1} if "max_tokens" in base else base
         for field in GRID_FIELDS.get(path, sorted(set(base) | set(fields))):
             cases = {name: to_json({**base, field: value}).encode() for name, value in GRID.items()}
-            with ThreadPoolExecutor(PARALLEL if path.startswith("/v1/") else 1) as pool:
+            with ThreadPoolExecutor(PARALLEL if path.startswith(GENERATING) else 1) as pool:
                 def send(payload, path=path, style=style):     # this iteration's route, bound
                     return probe(server, path, payload, style, snapshot=False)
                 problems = pool.map(send, cases.values())
@@ -215,10 +233,11 @@ def enormous(path: str) -> dict:
     """A body whose text is ~4 MB, in the route's own prompt field."""
     huge = "word " * 800_000
     style, base, _ = ROUTES[path]
-    field = {"/v1/completions": "prompt", "/v1/embeddings": "input"}.get(path)
+    field = {"/v1/completions": "prompt", "/v1/embeddings": "input", "/v1/responses": "input",
+             "/api/generate": "prompt", "/api/embed": "input", "/api/embeddings": "prompt"}.get(path)
     if field:
         return {**base, field: huge}
-    if path.startswith("/v1/"):
+    if "messages" in base:
         return {**base, "messages": [{"role": "user", "content": huge}]}
     return {**base, "notes": huge} if "settings" in path else {**base, "x": huge}
 
@@ -235,5 +254,24 @@ def test_hand_written_bodies_get_a_4xx_in_the_envelope(server):
             if problem:
                 findings.append(Finding(path, f"<{name}>", problem))
     print(f"hand-written bodies: {sent}")
+    assert server.get("/health").status_code == 200
+    assert not findings, "\n".join(str(f) for f in findings)
+
+
+# ---- ids in the path ---------------------------------------------------------------------------------
+
+PATH_IDS = ["x", "resp_nope", "resp_" + "0" * 48, "..%2F..%2Fetc", "%00", "%C3%A9", "%ED%A0%80", "a" * 600,
+            "resp_1;drop table pool_storedresponse"]
+
+
+def test_stored_response_ids_in_the_path_get_a_404_in_the_envelope(server):
+    findings = []
+    for rid in PATH_IDS:
+        for method, path in (("GET", f"/v1/responses/{rid}"), ("DELETE", f"/v1/responses/{rid}"),
+                             ("GET", f"/v1/responses/{rid}/input_items")):
+            r = server.fetch(method, path, headers=server.headers, timeout=SECONDS_PER_REQUEST)
+            problem = answer_problem(OPENAI, r.status_code, r.headers.get("content-type", ""), r.content)
+            if problem or r.status_code != 404:
+                findings.append(Finding(f"{method} {path}", "", problem or f"status {r.status_code}"))
     assert server.get("/health").status_code == 200
     assert not findings, "\n".join(str(f) for f in findings)

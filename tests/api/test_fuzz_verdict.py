@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pool.strict_json import dumps_finite, loads_strict
-from tests.api.fuzz_verdict import ANTHROPIC, OPENAI, answer_problem
+from tests.api.fuzz_verdict import ANTHROPIC, OLLAMA, OPENAI, RESPONSES, answer_problem
 
 
 @pytest.mark.parametrize("style, status, content_type, raw, problem", [
@@ -27,6 +27,25 @@ from tests.api.fuzz_verdict import ANTHROPIC, OPENAI, answer_problem
     (OPENAI, 200, "text/event-stream",
      b'data: {"error": {"code": "internal_error"}}\n\ndata: [DONE]\n\n', "internal error"),
     (ANTHROPIC, 200, "text/event-stream", b'event: message_stop\ndata: {"type": "message_stop"}\n\n', None),
+    (OLLAMA, 404, "application/json", b'{"error": "model \\"x\\" not found"}', None),
+    (OLLAMA, 400, "application/json", b'{"error": {"message": "m", "type": "t", "param": null, "code": null}}',
+     "ollama error"),
+    (OLLAMA, 400, "application/json", b'{"error": ""}', "ollama error"),
+    (OLLAMA, 200, "application/x-ndjson", b'{"response": "a", "done": false}\n{"done": true}\n', None),
+    (OLLAMA, 200, "application/x-ndjson", b'{"response": "a", "done": false}\n', "did not end"),
+    (OLLAMA, 200, "application/x-ndjson", b'{"response": "a"}\n{"error": "an internal error"}\n', "internal error"),
+    (OLLAMA, 200, "application/x-ndjson", b'{"done": true}\nNaN\n', "not strict JSON"),
+    (OLLAMA, 400, "application/x-ndjson", b'{"error": "x"}\n', "NDJSON stream with status 400"),
+    (RESPONSES, 200, "text/event-stream",
+     b'event: response.completed\ndata: {"type": "response.completed", "sequence_number": 9}\n\n', None),
+    (RESPONSES, 200, "text/event-stream",
+     b'event: response.failed\ndata: {"type": "response.failed", "sequence_number": 3}\n\n', None),
+    (RESPONSES, 200, "text/event-stream",
+     b'event: response.output_text.delta\ndata: {"type": "response.output_text.delta"}\n\n', "did not end"),
+    (RESPONSES, 200, "text/event-stream", b'event: error\ndata: {"type": "error", "code": "internal_error"}\n\n'
+     b'event: response.failed\ndata: {"type": "response.failed"}\n\n', "internal error"),
+    (RESPONSES, 400, "application/json", b'{"error": {"message": "m", "type": "t", "param": null, "code": null}}',
+     None),
 ])
 def test_answer_problem(style, status, content_type, raw, problem):
     found = answer_problem(style, status, content_type, raw)
