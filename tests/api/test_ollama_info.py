@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import DEMO
 
 MINILM = "all-MiniLM-L6-v2"
+DEMO_TAG, MINILM_TAG = f"{DEMO}:latest", f"{MINILM}:latest"     # as /api/tags and /api/ps name them
 KEY = "k3y-ollama-test"
 
 
@@ -41,13 +42,13 @@ def _is_error(response: httpx.Response, status: int) -> str:
 
 def test_tags_lists_every_model_with_ollamas_fields(server, client, demo_model_dir):
     listed = {m.model: m for m in client.list().models}
-    assert set(listed) == {DEMO, MINILM}
+    assert set(listed) == {DEMO_TAG, MINILM_TAG}
     raw = server.get("/api/tags").json()["models"]
     assert all(m["name"] == m["model"] for m in raw)
-    chat, minilm = listed[DEMO], listed[MINILM]
+    chat, minilm = listed[DEMO_TAG], listed[MINILM_TAG]
     assert chat.size == (demo_model_dir / "model.safetensors").stat().st_size     # the weights on disk
     assert len(chat.digest) == 64 and int(chat.digest, 16) and chat.digest != minilm.digest
-    assert chat.digest == client.list().models[[m.model for m in client.list().models].index(DEMO)].digest
+    assert chat.digest == client.list().models[[m.model for m in client.list().models].index(DEMO_TAG)].digest
     assert chat.modified_at.tzinfo is not None
     assert chat.modified_at.timestamp() == pytest.approx((demo_model_dir / "model.safetensors").stat().st_mtime, abs=1)
     assert chat.details.format == "safetensors" and chat.details.family == "llama"
@@ -121,12 +122,12 @@ def test_pull_push_create_copy_and_delete_say_how_models_arrive_and_change_nothi
     assert "alias" in _is_error(server.post("/api/copy", {"source": DEMO, "destination": "x"}), 400)
     assert sorted((p.name, p.stat().st_size) for p in demo_model_dir.iterdir()) == before
     assert sorted(p.name for p in models.iterdir()) == linked
-    assert {m.model for m in client.list().models} == {DEMO, MINILM}
+    assert {m.model for m in client.list().models} == {DEMO_TAG, MINILM_TAG}
     assert server.fetch("POST", "/api/delete", json={"model": DEMO}, timeout=10).status_code == 405
 
 
 def _expires_in(client, model: str) -> float:
-    row = next(m for m in client.ps().models if m.model == model)
+    row = next(m for m in client.ps().models if m.model == f"{model}:latest")
     return row.expires_at.timestamp() - time.time()
 
 
@@ -137,10 +138,10 @@ def test_ps_shows_the_loaded_models_with_the_pools_bytes_and_their_expiry(server
     assert server.post(f"/api/models/{DEMO}/load", {}).status_code == 200
     (row,) = client.ps().models
     measured = server.model(DEMO)["measured_bytes"]
-    assert row.model == row.name == DEMO and measured
+    assert row.model == row.name == DEMO_TAG and measured
     assert row.size == row.size_vram == measured
     assert row.context_length == 8192 and row.details.family == "llama"
-    assert row.digest == next(m.digest for m in client.list().models if m.model == DEMO)
+    assert row.digest == next(m.digest for m in client.list().models if m.model == DEMO_TAG)
     assert row.expires_at.year > 2200     # no TTL and no keep_alive: time never unloads it (Ollama's far future)
 
     try:
@@ -151,7 +152,7 @@ def test_ps_shows_the_loaded_models_with_the_pools_bytes_and_their_expiry(server
         assert _expires_in(client, DEMO) == pytest.approx(600, abs=30)
         assert server.post("/v1/embeddings", {"model": MINILM, "input": "hi", "keep_alive": -1}).status_code == 200
         models = client.ps().models
-        assert [m.model for m in models] == [MINILM, DEMO]    # the longest left first
+        assert [m.model for m in models] == [MINILM_TAG, DEMO_TAG]    # the longest left first
         assert models[0].expires_at > datetime(2200, 1, 1, tzinfo=timezone.utc)
         assert models[0].size == server.model(MINILM)["measured_bytes"]
     finally:
@@ -165,7 +166,7 @@ def keyed(module_server, demo_model_dir):
 
 def test_the_api_key_as_ollamas_clients_send_it(keyed):
     with ollama.Client(host=keyed.url, headers={"Authorization": f"Bearer {KEY}"}) as bearer:
-        assert [m.model for m in bearer.list().models] == [DEMO]
+        assert [m.model for m in bearer.list().models] == [DEMO_TAG]
     with ollama.Client(host=keyed.url, headers={"x-api-key": KEY}) as x_api_key:
         assert x_api_key.show(DEMO).capabilities == ["completion", "tools"]
     for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": KEY}):

@@ -37,4 +37,4 @@ def test_every_check_of_ollama_js_passes(server):
     assert not failed and run.returncode == 0, (failed, run.stderr[-2000:])
     assert [line["check"] for line in lines] == CHECKS
     by_check = {line["check"]: line["value"] for line in lines}
-    assert sorted(by_check["list"]) == sorted([DEMO, MINILM]) and by_check["embed"] == 384   # ids as /v1/models
+    assert sorted(by_check["list"]) == [f"{MINILM}:latest", f"{DEMO}:latest"] and by_check["embed"] == 384

@@ -15,6 +15,7 @@ from pool.api.dialects import ANTHROPIC, OLLAMA, OPENAI, for_path
 from pool.api.errors import MethodNotAllowed, Unauthorized, error_response, stream_error
 from pool.api.ollama.cards import card, human_number
 from pool.api.ollama.info import FOREVER, expires_at
+from pool.api.ollama.names import tagged
 from pool.errors import Busy, InvalidRequest, ModelNotFound, WrongKind
 
 
@@ -133,3 +134,11 @@ def test_an_unquantized_folder_names_its_dtype(tmp_path):
     facts = card(tmp_path)
     assert facts.quantization == "F32" and facts.template == "" and facts.stop == ()
     assert facts.details()["family"] == "bert" and facts.model_info(None).get("bert.context_length") is None
+
+
+@pytest.mark.parametrize("name, listed", [
+    ("smollm2", "smollm2:latest"), ("llama3:8b", "llama3:8b"), ("Org/Name", "Org/Name:latest"),
+    ("hf.co/org/name:q4", "hf.co/org/name:q4"), ("host:5000/name", "host:5000/name:latest"),
+])
+def test_listed_names_carry_ollamas_tag(name, listed):
+    assert tagged(name) == listed

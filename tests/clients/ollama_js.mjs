@@ -20,7 +20,7 @@ const checks = {
   async list() {
     const { models } = await ollama.list();
     const names = models.map((m) => m.name);
-    assert.ok(names.includes(model), names.join(","));
+    assert.ok(names.includes(`${model}:latest`), names.join(","));   // Ollama's names carry a tag
     return names;
   },
   async chat() {

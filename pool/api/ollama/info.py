@@ -21,7 +21,7 @@ from ..dialects import OLLAMA
 from ..fields import json_body
 from ..route import api_route
 from .cards import Card, card
-from .names import model_field, resolve
+from .names import model_field, resolve, tagged
 
 # The Ollama release whose API these routes answer like; clients gate features on it (tools, formats).
 VERSION = "0.12.0"
@@ -53,7 +53,7 @@ async def version(request):
 
 
 def _name(router: Router, model_id: str) -> str:
-    return router.alias(model_id) or model_id
+    return tagged(router.alias(model_id) or model_id)
 
 
 def _summary(router: Router, model, facts: Card) -> dict[str, Any]:
