@@ -27,6 +27,7 @@ class MemoryReading:
     device_limit: int | None = None   # working-set limit (Metal's recommended size), where one exists
     discrete_gpu: bool = False
     prompt_cache: int = 0
+    device_free: int | None = None    # what the driver reports free on a discrete GPU (NVML: nvidia-smi's)
 
     @property
     def usage(self) -> int:
@@ -41,11 +42,18 @@ class MemoryReading:
         return self.device_total if self.discrete_gpu and self.device_total else self.total
 
     @property
+    def device_used(self) -> int | None:
+        """The discrete GPU's memory in use as its driver counts it (every process, MLX's cache too)."""
+        if self.device_total is None or self.device_free is None:
+            return None
+        return self.device_total - self.device_free
+
+    @property
     def reclaimable(self) -> int:
         return self.cache + self.prompt_cache
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "usage": self.usage, "reclaimable": self.reclaimable}
+        return {**asdict(self), "usage": self.usage, "reclaimable": self.reclaimable, "device_used": self.device_used}
 
 
 class _RusageInfoV2(ctypes.Structure):
@@ -84,6 +92,16 @@ def _device() -> tuple[int | None, int | None, bool]:
     return (int(total) if total else None, int(limit) if limit else None, discrete)
 
 
+def _device_free() -> int | None:
+    """The driver's free memory, read fresh (mlx asks NVML, else cudaMemGetInfo)."""
+    import mlx.core as mx
+    try:
+        free = mx.device_info().get("free_memory")
+    except Exception:  # noqa: BLE001 - older mlx
+        return None
+    return int(free) if free is not None else None
+
+
 class RealProbe:
     def __init__(self):
         self._device = None
@@ -99,7 +117,7 @@ class RealProbe:
         return MemoryReading(active=mx.get_active_memory(), cache=mx.get_cache_memory(),
                              peak=mx.get_peak_memory(), rss=rss, total=vm.total, available=vm.available,
                              device_total=total, device_limit=limit, discrete_gpu=discrete,
-                             prompt_cache=self.prompt_cache_bytes())
+                             prompt_cache=self.prompt_cache_bytes(), device_free=_device_free() if discrete else None)
 
 
 class FakeProbe:

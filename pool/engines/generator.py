@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 from mlx_lm.generate import generation_stream
 from mlx_lm.sample_utils import make_sampler
 
@@ -79,7 +80,11 @@ class TextEngine(EngineWorker):
     async def shrink_prompt_cache(self, *, cap_bytes: int, free_bytes: int = 0) -> int:
         """Set the prompt cache's cap, and drop least recently used entries until `free_bytes` more
         are freed; returns the bytes freed."""
-        return await self.call(lambda: self._shrink_prompt_cache(cap_bytes, free_bytes))
+        freed = await self.call(lambda: self._shrink_prompt_cache(cap_bytes, free_bytes))
+        store = self._prompt_cache
+        if store is not None and store.spilling:    # the entries that left go to disk: wait here, not there
+            await asyncio.to_thread(store.wait_for_spills)
+        return freed
 
     def abort_all(self, message: str, code: str = "request_aborted") -> None:
         """End every running request with `RequestAborted(message, code)`; the model stays loaded."""
@@ -165,6 +170,7 @@ class TextEngine(EngineWorker):
             raise LoadAborted("load aborted: process memory pressure")
         # the weights' own bytes, not MLX's active-memory delta: other engines allocate meanwhile
         weight_bytes = self._weight_bytes = fill_weights(model, self._load_options.group_bytes)
+        self._watch(model, [w for _, w in tree_flatten(model.parameters())])
         self.model_info = model_info(model, config)
         self._prompt_cache = make_prompt_cache_store(self.model_id, self.path, self._cache_options)
         self._stop_tokens = [[t] for t in sorted(tokenizer.eos_token_ids)]
@@ -173,14 +179,10 @@ class TextEngine(EngineWorker):
                           seconds=time.perf_counter() - started, model_info=self.model_info)
 
     def _has_work(self) -> bool:
-        pc = self._prompt_cache
-        return bool(self._requests or self._prefills) or (pc is not None and pc.unsaved)
+        return bool(self._requests or self._prefills)
 
     def _work(self) -> None:
-        if self._requests or self._prefills:
-            self._step()
-        elif self._prompt_cache is not None:
-            self._prompt_cache.save_one()    # idle: write the disk tier's entries now (prompt_cache.py)
+        self._step()
 
     def _after_commands(self) -> None:
         if self._stats_stale and not (self._requests or self._prefills):
@@ -386,12 +388,13 @@ class TextEngine(EngineWorker):
         mx.synchronize(generation_stream)  # mlx-lm's look-ahead step still holds arrays
 
     def _drop_model(self) -> None:
-        for lane in self._lanes.values():
-            lane.close()
-        self._lanes = {}
+        lanes, self._lanes = list(self._lanes.values()), {}
+        while lanes:                  # no name is left bound to a lane (and its model) after
+            lanes.pop().close()
         self._prefills = []
         self._token_text = None
         self._model = self._tokenizer = None
+        self._prompt_cache = None     # its entries' KV, the disk tier's unsaved ones too
         self._requests.clear()
         super()._drop_model()
 

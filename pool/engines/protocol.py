@@ -49,6 +49,7 @@ class PromptCacheOptions:
     max_entries: int = 10
     folder: Path | None = None
     disk_bytes: int = 0
+    disk_total_bytes: int | None = None   # the disk tier's total across models (folder's parent); None = auto
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,9 @@ class ReleaseResult:
     rss_before: int
     rss_after: int
     held_bytes: int = 0      # the engine's own arrays when it let them go: weights, caches, KV
+    kept_bytes: int = 0      # weights something still held after the release (a leak: 0 when it works)
+    cache_before: int = 0    # MLX's buffer cache across the release
+    cache_after: int = 0
 
     @property
     def active_drop(self) -> int:
@@ -121,7 +125,9 @@ class ReleaseResult:
 
     @property
     def freed_bytes(self) -> int:
-        return self.held_bytes or self.active_drop
+        """What MLX gave back to the device: the fall of its active memory and its buffer cache
+        together (weights freed into the cache and left there are not freed)."""
+        return max(0, self.active_before + self.cache_before - self.active_after - self.cache_after)
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ class _Worker:
             except BaseException:
                 log.exception("%s ended with an error", name)
             self.thread.name = self.idle_name
+            job = fn = None       # the job's engine must not stay referenced while the thread idles
             running.finish()
             self._threads._idle_again(self)
         mx.synchronize()

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import queue
 import threading
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,11 +25,12 @@ import mlx.core as mx
 import psutil
 
 from .mailbox import Command, Mailbox, Stop, settle
-from .memory_release import ACCOUNTING, release_memory, trim_native_heap
+from .memory_release import ACCOUNTING, Watched, release_memory, trim_native_heap
 from .protocol import CacheStats, LoadAborted, LoadResult, ReleaseResult, RequestAborted
 from .threads import ENGINE_THREADS, Running
 
 NOTHING_RELEASED = ReleaseResult(0, 0, 0, 0)
+log = logging.getLogger(__name__)
 
 
 def unloaded() -> RequestAborted:
@@ -46,6 +49,7 @@ class EngineWorker:
         self._mailbox = Mailbox()
         self._thread: Running | None = None
         self._stop: Stop | None = None
+        self._watched = Watched()      # the model and its weights, weakly: proof that a release let go
 
     # ---- the event loop's side ----------------------------------------------------------------
 
@@ -104,7 +108,11 @@ class EngineWorker:
                 if self.abort_load:
                     raise LoadAborted("load aborted: process memory pressure")
             except BaseException as e:  # noqa: BLE001 - reported to the waiting coroutine
+                # the traceback's frames (open_model's, _open's) hold the model: the future keeps
+                # the error, so its frames must not keep the weights
+                traceback.clear_frames(e.__traceback__)
                 self._drop_model()
+                release_memory()
                 settle(loop, future, error=e)
                 return
             settle(loop, future, result)
@@ -135,11 +143,20 @@ class EngineWorker:
 
     def _measured_release(self, message: str) -> ReleaseResult:
         with ACCOUNTING:          # no load fills weights while the fall is measured
-            rss_before, active_before = _rss(), mx.get_active_memory()
+            rss_before, active_before, cache_before = _rss(), mx.get_active_memory(), mx.get_cache_memory()
             held = self._held_bytes()
             self._release(message)
             self._drop_model()
-            return ReleaseResult(active_before, mx.get_active_memory(), rss_before, _rss(), held)
+            # only now, with _drop_model's frame gone: a local of it (a lane) held the whole model
+            # while the cache was cleared, and the weights then sat in MLX's buffer cache
+            release_memory()
+            kept = self._watched.held_bytes()
+            if kept:
+                log.warning("%s: %d bytes of weights still held after the release, by %s", self.model_id,
+                            kept, ", ".join(self._watched.holders()) or "nothing found")
+            self._watched = Watched()
+            return ReleaseResult(active_before, mx.get_active_memory(), rss_before, _rss(), held, kept,
+                                 cache_before, mx.get_cache_memory())
 
     def _close(self) -> None:
         """Take no more commands and answer those still queued: a caller that raced the unload
@@ -176,7 +193,11 @@ class EngineWorker:
         mx.synchronize()
 
     def _drop_model(self) -> None:
-        release_memory()
+        """Let go of the model and everything that refers to it; the release (gc, the cache) follows."""
+
+    def _watch(self, model, arrays) -> None:
+        """From `_open`: the model and the weights whose release `_measured_release` checks."""
+        self._watched = Watched(model, arrays)
 
 
 def _rss() -> int:

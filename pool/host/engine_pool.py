@@ -28,6 +28,7 @@ from ..policy.pressure import prefill_step
 from ..policy.vocabulary import ActionKind, Change, Level, ModelState, Reason, Refusal
 from .engine_options import engine_options, prompt_cache_cap, wants_dequantize
 from .entries import Entry
+from .release_row import unload_fields
 
 log = logging.getLogger(__name__)
 
@@ -330,6 +331,7 @@ class EnginePool:
         engine, entry.engine = entry.engine, None
         try:
             release = await engine.stop(message or f"the model was unloaded ({reason})")
+            after = self.probe.read()       # before a load waiting for this memory takes it
         finally:
             entry.state, entry.marked_for_unload, entry.keep_alive = State.UNLOADED, None, None
             if not entry.unload_future.done():
@@ -338,20 +340,13 @@ class EnginePool:
             self._wake_loads()
             if on_released is not None:
                 on_released()
-        after = self.probe.read()
-        # MLX's active memory is the whole process's: its fall measures this release only while no
-        # other engine allocated meanwhile. Then a fall short of the weights is a leak worth a warning.
-        expected = entry.measured_bytes or entry.size_bytes
-        warning = quiet and self._others_idle(entry) and release.active_drop < 0.9 * expected
-        if warning:
-            log.warning("unloading %s released %d of %d bytes measured at load", entry.id,
-                        release.active_drop, expected)
+        fields = unload_fields(model_id=entry.id, expected=entry.measured_bytes or entry.size_bytes, release=release,
+                               before=before, after=after, quiet=quiet and self._others_idle(entry))
+        suffix = fields.pop("detail_suffix")
         await self.events.record(
             action=ActionKind.UNLOAD, reason=reason, model_id=entry.id, estimated_bytes=entry.size_bytes,
-            freed_bytes=release.freed_bytes, rss_freed_bytes=release.rss_before - release.rss_after,
-            bytes_before=before.usage, bytes_after=after.usage, requested_by=requested_by or "",
-            duration_ms=(time.perf_counter() - started) * 1000,
-            detail=detail + (" (released less than 90% of the measured size)" if warning else ""), warning=warning)
+            requested_by=requested_by or "", duration_ms=(time.perf_counter() - started) * 1000,
+            detail=detail + suffix, **fields)
 
     def _others_idle(self, entry: Entry) -> bool:
         """No other model is loading or running a request (they would move MLX's active memory)."""
