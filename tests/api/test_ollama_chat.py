@@ -122,6 +122,7 @@ def test_chat_whole_and_streamed(client):
     tagged = client.chat(model=f"{DEMO}:latest", messages=USER, stream=False, options={"num_predict": 8,
                                                                                         "temperature": 0})
     assert tagged.message.content == whole.message.content                        # Ollama's default tag
+    assert (tagged.model, whole.model) == (f"{DEMO}:latest", DEMO)                 # echoed as written
 
 
 def test_chat_with_tools_and_a_tool_result(client):

@@ -125,7 +125,7 @@ async def chat(request):
     spec = replace(req.spec, model=resolve(router, req.spec.model).model_id)   # `name:latest` too
     completion = await router.generate(spec)
     clock.opened = clock.first = time.monotonic()
-    model = completion.model_id
+    model = req.spec.model      # the name as the client wrote it, as Ollama echoes it
 
     def frame(part, calls=()):
         message = {"role": "assistant", "content": part if isinstance(part, str) else ""}
@@ -163,7 +163,7 @@ async def generate(request):
     clock = Clock()
     completion = await router.generate(spec)
     clock.opened = clock.first = time.monotonic()
-    model = completion.model_id
+    model = req.model
 
     def frame(part, calls=()):
         return {"model": model, "created_at": created_at(), "response": part if isinstance(part, str) else ""}
@@ -183,5 +183,5 @@ async def _load_or_unload(router, req) -> dict:
         async with router.lease(target.model_id, CHAT, keep_alive=keep_alive):
             pass
         reason = "load"
-    return {"model": target.model_id, "created_at": created_at(), "response": "", "done": True,
+    return {"model": req.model, "created_at": created_at(), "response": "", "done": True,
             "done_reason": reason}

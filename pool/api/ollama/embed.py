@@ -22,9 +22,10 @@ from .parse import parse_embed
 @api_route("POST", auth=require_key, dialect=OLLAMA, wants=wants.model_in_body)
 async def embed(request):
     start = time.monotonic()
-    result = await _embed(parse_embed(json_body(request), legacy=False))
+    spec = parse_embed(json_body(request), legacy=False)
+    result = await _embed(spec)
     total = int((time.monotonic() - start) * 1e9)
-    return JsonResponse({"model": result.model_id, "embeddings": [result.floats(i) for i in range(len(result))],
+    return JsonResponse({"model": spec.model, "embeddings": [result.floats(i) for i in range(len(result))],
                          "total_duration": total, "load_duration": 0, "prompt_eval_count": result.prompt_tokens})
 
 
