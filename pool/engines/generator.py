@@ -80,11 +80,7 @@ class TextEngine(EngineWorker):
     async def shrink_prompt_cache(self, *, cap_bytes: int, free_bytes: int = 0) -> int:
         """Set the prompt cache's cap, and drop least recently used entries until `free_bytes` more
         are freed; returns the bytes freed."""
-        freed = await self.call(lambda: self._shrink_prompt_cache(cap_bytes, free_bytes))
-        store = self._prompt_cache
-        if store is not None and store.spilling:    # the entries that left go to disk: wait here, not there
-            await asyncio.to_thread(store.wait_for_spills)
-        return freed
+        return await self.call(lambda: self._shrink_prompt_cache(cap_bytes, free_bytes))
 
     def abort_all(self, message: str, code: str = "request_aborted") -> None:
         """End every running request with `RequestAborted(message, code)`; the model stays loaded."""
@@ -179,10 +175,14 @@ class TextEngine(EngineWorker):
                           seconds=time.perf_counter() - started, model_info=self.model_info)
 
     def _has_work(self) -> bool:
-        return bool(self._requests or self._prefills)
+        pc = self._prompt_cache
+        return bool(self._requests or self._prefills) or (pc is not None and pc.unsaved)
 
     def _work(self) -> None:
-        self._step()
+        if self._requests or self._prefills:
+            self._step()
+        elif self._prompt_cache is not None:
+            self._prompt_cache.save_one()    # idle: write the disk tier's entries now (prompt_cache.py)
 
     def _after_commands(self) -> None:
         if self._stats_stale and not (self._requests or self._prefills):
