@@ -19,6 +19,8 @@ from typing import Sequence
 
 from llguidance import LLMatcher
 
+from .schema_bounds import bounded
+
 # json.dumps' separators, the spacing models have seen most; no other whitespace, so a small model
 # cannot wander off into blank lines between the braces.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -50,22 +52,27 @@ def json_object() -> Constraint:
 
 
 def json_schema(schema: dict, strict: bool | None = None) -> Constraint:
-    """The output is one JSON value valid against `schema`. `strict` changes nothing: the schema is
-    always enforced, and a keyword that cannot be is an UnsupportedSchema whatever its value."""
+    """The output is one JSON value valid against `schema`, with the bounds it leaves open closed
+    (schema_bounds.py: its objects take only their properties, its numbers and strings end).
+    `strict` changes nothing: the schema is always enforced, and a keyword that cannot be is an
+    UnsupportedSchema whatever its value."""
     if schema is True:
         schema = {}
     if not isinstance(schema, dict):
         raise UnsupportedSchema("a schema must be a JSON object")
-    return Constraint(_checked(LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)), "json_schema")
+    return Constraint(_checked(LLMatcher.grammar_from_json_schema(bounded(schema), defaults=JSON_OPTIONS)),
+                      "json_schema")
 
 
 def tool_calls(tools: Sequence[dict], name: str | None = None, parallel: bool = True, *,
                max_calls: int = MAX_PARALLEL_CALLS) -> Constraint:
     """The output is a call (with `parallel`, up to `max_calls`) in the fallback tool format:
     `<tool_call>\\n{"name": "<function>", "arguments": {...}}\\n</tool_call>`, calls joined by a
-    newline; `name` forces that function. Each function's `parameters` is the root of its own
-    arguments schema, so its local `$ref`s resolve. The cap is there because a small model, once
-    it has written a call, tends to write the same one again until max_tokens cuts it off."""
+    newline; `name` forces one call of that function (a named tool_choice asks for that call, and
+    instructor and LangChain read only the first). Each function's `parameters` is the root of its own
+    arguments schema, so its local `$ref`s resolve, bounded as json_schema's are. The cap is there
+    because a small model, once it has written a call, tends to write the same one again until
+    max_tokens cuts it off."""
     functions = [t["function"] if "function" in t else t for t in tools]
     if name is not None:
         functions = [f for f in functions if f["name"] == name]
@@ -73,7 +80,7 @@ def tool_calls(tools: Sequence[dict], name: str | None = None, parallel: bool = 
             raise ValueError(f"no tool is a function named {name!r}")
     if not functions:
         raise ValueError("tool_calls needs at least one function")
-    more = max_calls - 1 if parallel else 0
+    more = max_calls - 1 if parallel and name is None else 0
     rules = [f'start: call ("\\n" call){{0,{more}}}' if more > 0 else "start: call",
              f"call: {_lark_string(TOOL_CALL_START + NEWLINE)} function {_lark_string(NEWLINE + TOOL_CALL_END)}",
              "function: " + " | ".join(f"f{i}" for i in range(len(functions)))]
@@ -82,7 +89,8 @@ def tool_calls(tools: Sequence[dict], name: str | None = None, parallel: bool = 
         if not isinstance(parameters, dict):
             raise UnsupportedSchema(f"the parameters of function {f['name']!r} must be a JSON object")
         head = _lark_string('{"name": ' + json.dumps(f["name"], ensure_ascii=False) + ', "arguments": ')
-        rules.append(f"f{i}: {head} %json {json.dumps({**parameters, 'x-guidance': JSON_OPTIONS})} \"}}\"")
+        arguments = json.dumps({**bounded(parameters), "x-guidance": JSON_OPTIONS})
+        rules.append(f"f{i}: {head} %json {arguments} \"}}\"")
     return Constraint(_checked(LLMatcher.grammar_from_lark("\n".join(rules) + "\n")), "tool_calls")
 
 
