@@ -7,8 +7,9 @@ give, is content too (markers included), never an error. Whitespace that only se
 dropped; an answer without calls comes back unchanged.
 
 Small models, once they have written a call, tend to write the same call again until max_tokens: a
-call identical to an earlier one of the same answer (name and arguments) is dropped, and so is an
-unended call after complete ones (an answer cut by max_tokens in its middle)."""
+call identical to an earlier one of the same answer (name and arguments) is dropped. A call cut by
+max_tokens (its start marker without its end marker) is parsed as it is and, when it does not parse,
+dropped: the format's markup is never content (the finish reason, "length", tells the client)."""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ class ToolStream:
 
     def finish(self) -> list[Delta]:
         """The rest: a held-back partial marker is content; an unended call is parsed as it is
-        (formats whose calls run to the end of the answer, or an answer cut by max_tokens)."""
+        (formats whose calls run to the end of the answer, or an answer cut by max_tokens), and
+        dropped when it does not parse and its format has an end marker."""
         self._state, rest, state = TextStateMachine.flush(self._state)
         out: list[Delta] = []
         if state == TOOL:
@@ -89,8 +91,8 @@ class ToolStream:
     def _close(self, out: list[Delta], *, ended: bool) -> None:
         body, self._call = self._call, ""
         calls = self._parse(body)
-        if calls is None and not ended and self.calls:
-            return                # cut off after complete calls: not content
+        if calls is None and not ended and (self.calls or self.fmt.end):
+            return                # cut off: a partial call, not content
         if calls is None:
             self._content(self.fmt.start + body + (self.fmt.end if ended else ""), out)
             return

@@ -215,3 +215,48 @@ def test_count_tokens_takes_no_slot_and_counts_the_rendered_tools(start_asgi_ser
     assert answer["usage"]["input_tokens"] == counted.json()["input_tokens"]
     openai_way = server.openai().chat.completions.create(model=DEMO, messages=ASK, max_tokens=1)
     assert openai_way.usage.prompt_tokens == plain["input_tokens"]
+
+
+# ---- a forced call cut by max_tokens: dropped, never the fallback format's markup ----------------
+
+CUT = 8          # max_tokens that end a forced call inside its arguments
+MARKUP = ("<tool_call>", "</tool_call>")
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_forced_call_cut_by_max_tokens_is_dropped(server, tool_choice):
+    """Issue 24: the cut call came back as `<tool_call>...` in content. Now: no call, empty content,
+    finish_reason "length"; streamed, no content delta and no tool_calls delta."""
+    client = server.openai()
+    body = dict(model=DEMO, messages=ASK, tools=TOOLS, tool_choice=tool_choice, max_tokens=CUT, temperature=0)
+    reply = client.chat.completions.create(**body)
+    choice = reply.choices[0]
+    assert reply.usage.completion_tokens == CUT
+    assert (choice.finish_reason, choice.message.content, choice.message.tool_calls) == ("length", "", None)
+    texts, reasons, calls = [], [], []
+    for chunk in client.chat.completions.create(**body, stream=True):
+        for c in chunk.choices:
+            texts.append(c.delta.content or "")
+            reasons.append(c.finish_reason)
+            calls.extend(c.delta.tool_calls or ())
+    assert ("".join(texts), calls, reasons[-1]) == ("", [], "length")
+
+
+def test_a_forced_tool_use_cut_by_max_tokens_is_dropped_on_the_messages_api(server):
+    tool = {"name": "get_weather", "description": WEATHER["function"]["description"],
+            "input_schema": WEATHER["function"]["parameters"]}
+    message = server.anthropic().messages.create(model=DEMO, messages=ASK, tools=[tool], max_tokens=CUT,
+                                                 tool_choice={"type": "tool", "name": "get_weather"})
+    assert message.stop_reason == "max_tokens"
+    assert [b.type for b in message.content] in ([], ["text"])
+    assert not any(m in b.text for b in message.content for m in MARKUP)
+
+
+def test_a_forced_function_call_cut_by_max_output_tokens_is_dropped_on_the_responses_api(server):
+    tool = {"type": "function", **WEATHER["function"]}
+    response = server.openai().responses.create(model=DEMO, input=ASK[0]["content"], tools=[tool],
+                                                tool_choice={"type": "function", "name": "get_weather"},
+                                                max_output_tokens=CUT)
+    assert (response.status, response.incomplete_details.reason) == ("incomplete", "max_output_tokens")
+    assert [o for o in response.output if o.type == "function_call"] == []
+    assert not any(m in response.output_text for m in MARKUP)

@@ -53,10 +53,9 @@ CASES = [
     ("Bad " + '<tool_call>{"name": 1}</tool_call>' + " then " + T, 'Bad <tool_call>{"name": 1}</tool_call> then',
      [("get_time", {})]),
     ("a < b <tool", "a < b <tool", []),                                  # a partial marker at the end
-    ("x <tool_call> y", "x <tool_call> y", []),                          # cut before the end marker
+    ("x <tool_call> y", "x ", []),                                       # cut before the end marker: dropped
     ('<tool_call>\n{"name": "get_time", "arguments": {}}\n', None, [("get_time", {})]),   # ended by max_tokens
-    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa', '<tool_call>\n{"name": "get_weather", '
-     '"arguments": {"city": "Pa', []),
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa', "", []),   # a forced call cut: no markup
     ("</tool_call> stray end", "</tool_call> stray end", []),
     ('<tool_call>{"name": "get_weather", "arguments": {"city": "Zürich"}}</tool_call>', None,
      [("get_weather", {"city": "Zürich"})]),
