@@ -1,6 +1,6 @@
 """The bounds a schema leaves open, closed for decoding (pool/serving/schema_bounds.py): one row per
 case of the rule, then what the compiled grammar takes and refuses, for a response format and a
-forced call's arguments, on the demo model's tokenizer."""
+forced call's arguments, on the demo model's tokenizer; and a named call is one call."""
 
 from __future__ import annotations
 
@@ -129,3 +129,13 @@ def test_a_schema_that_opens_its_object_keeps_it_open(llg_tokenizer):
     schema = {**CITY, "additionalProperties": {"type": "integer"}}
     text = '{"name": "Paris", "population": 2161000, "arrondissements": 20}'
     assert takes(llg_tokenizer, json_schema(schema).grammar, text)
+
+
+def test_a_named_call_is_one_call_and_required_may_be_more(llg_tokenizer):
+    """instructor's Mode.TOOLS names the function and leaves parallel_tool_calls at true: the demo
+    model wrote the same call until max_tokens."""
+    tool = {"type": "function", "function": {"name": "city", "parameters": CITY}}
+    one = call('{"name": "Paris", "population": 1}')
+    assert takes(llg_tokenizer, tool_calls([tool], "city", True).grammar, one)
+    assert not takes(llg_tokenizer, tool_calls([tool], "city", True).grammar, one + "\n" + one)
+    assert takes(llg_tokenizer, tool_calls([tool], None, True).grammar, one + "\n" + one)
