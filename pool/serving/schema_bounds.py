@@ -10,7 +10,9 @@ schema is validated against, and it still holds.
 
 - An object with `properties` and no `additionalProperties` (nor `patternProperties`) takes only
   its declared properties. Objects combined with `allOf`, `anyOf`, `oneOf` or `$ref` are left as
-  they are: closing one side of an intersection would forbid the other side's properties.
+  they are: closing one side of an intersection would forbid the other side's properties; so are
+  objects that count their properties or require one they do not declare (closed, they could
+  not be written).
 - An integer without `maximum` (or `minimum`) gets +-(2**53 - 1), the integers every JSON parser
   reads exactly (16 digits); a number the same, and `multipleOf` 1e-9 (nine decimals) without one.
 - A string without `maxLength`, `pattern`, `format`, `enum` or `const` gets `maxLength` 4096.
@@ -23,7 +25,8 @@ from typing import Any
 MAX_SAFE_INTEGER = 2**53 - 1        # JavaScript's Number.MAX_SAFE_INTEGER: 16 digits
 NUMBER_STEP = 1e-9                  # a number's decimals: nine at most
 STRING_MAX_LENGTH = 4096            # characters
-_COMBINED = ("allOf", "anyOf", "oneOf", "$ref")
+_OPENING = ("additionalProperties", "patternProperties", "minProperties", "maxProperties",
+            "allOf", "anyOf", "oneOf", "$ref")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_VALUES = ("additionalProperties", "items", "not", "if", "then", "else", "contains")
@@ -77,9 +80,10 @@ def _types(node: dict) -> set[str]:
 
 def _closable(node: dict) -> bool:
     types = _types(node)
-    return (isinstance(node.get("properties"), dict) and (not types or "object" in types)
-            and "additionalProperties" not in node and "patternProperties" not in node
-            and not any(k in node for k in _COMBINED))
+    properties, required = node.get("properties"), node.get("required")
+    undeclared = isinstance(required, list) and isinstance(properties, dict) and not set(required) <= set(properties)
+    return (isinstance(properties, dict) and (not types or "object" in types)
+            and not any(k in node for k in _OPENING) and not undeclared)
 
 
 def _bound_number(out: dict, *, step: bool) -> None:

@@ -51,6 +51,9 @@ def obj(properties: dict, **rest) -> dict:
     ({"$defs": {"Base": obj({})}, "allOf": [{"$ref": "#/$defs/Base"}, obj({})]},
      {"$defs": {"Base": obj({})}, "allOf": [{"$ref": "#/$defs/Base"}, obj({})]}),
     (obj({}, anyOf=[{"required": ["a"]}]), obj({}, anyOf=[{"required": ["a"]}])),
+    (obj({}, minProperties=1), obj({}, minProperties=1)),                # counted: extra ones are meant
+    (obj({"a": {"const": 1}}, required=["a", "b"]), obj({"a": {"const": 1}}, required=["a", "b"])),
+    (obj({"a": {"const": 1}}, required=["a"]), obj({"a": {"const": 1}}, required=["a"], additionalProperties=False)),
     ({"$defs": {"A": obj({})}, "$ref": "#/$defs/A"},
      {"$defs": {"A": obj({}, additionalProperties=False)}, "$ref": "#/$defs/A"}),
     # integers and numbers: 16 digits, nine decimals
