@@ -119,6 +119,19 @@ def test_tools_become_chat_function_tools():
                                                                                      "parameters")}},)
 
 
+def test_hosted_tools_are_left_out_and_a_namespaces_functions_offered():
+    """What Codex sends: function tools, a `namespace` of function tools, and `web_search`."""
+    agents = {"type": "namespace", "name": "multi_agent_v1", "description": "sub-agents",
+              "tools": [{**WEATHER, "name": "spawn_agent"}]}
+    req = parse_responses({"model": M, "input": "hi", "tools": [WEATHER, agents, {"type": "web_search"},
+                                                                 {"type": "web_search_preview"}]})
+    assert [t["function"]["name"] for t in req.spec([]).tools] == ["get_weather", "spawn_agent"]
+    assert req.namespaces == {"spawn_agent": "multi_agent_v1"}
+    assert [t.get("namespace") for t in req.echo["tools"]] == [None, "multi_agent_v1"]
+    call = ToolCall(id="call_2", name="spawn_agent", arguments="{}")
+    assert [i.get("namespace") for i in output_items([CALLED, call], req.namespaces)] == [None, "multi_agent_v1"]
+
+
 def test_json_schema_format_is_a_constraint():
     body = {"text": {"format": {"type": "json_schema", "name": "c", "strict": True,
                                 "schema": {"type": "object", "properties": {"a": {"type": "string"}}}}}}
@@ -167,7 +180,11 @@ BAD = [
     ("metadata value", {"metadata": {"a": 1}}, "metadata"),
     ("metadata too many", {"metadata": {str(i): "x" for i in range(17)}}, "metadata"),
     ("truncation", {"truncation": "middle"}, "truncation"),
-    ("hosted tool", {"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ("a client tool in another shape", {"tools": [{"type": "custom", "name": "apply_patch"}]}, "tools[0].type"),
+    ("local_shell", {"tools": [WEATHER, {"type": "local_shell"}]}, "tools[1].type"),
+    ("namespace without tools", {"tools": [{"type": "namespace", "name": "ns"}]}, "tools[0].tools"),
+    ("namespace of a hosted tool", {"tools": [{"type": "namespace", "name": "ns", "tools": [{"type": "mcp"}]}]},
+     "tools[0].tools[0].type"),
     ("tool name", {"tools": [{**WEATHER, "name": "bad name"}]}, "tools[0].name"),
     ("tool_choice unknown", {"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
     ("tool_choice required without tools", {"tool_choice": "required"}, "tool_choice"),

@@ -79,12 +79,13 @@ class EventStream:
                 self._event("response.output_item.done", output_index=self._index, item=item)]
 
     def _call(self, call: ToolCall) -> list[dict]:
-        self.output.append(call_item(new_id("fc"), call, status="in_progress", arguments=""))
+        namespace = self.response.namespaces.get(call.name)
+        self.output.append(call_item(new_id("fc"), call, status="in_progress", arguments="", namespace=namespace))
         where = {"item_id": self._item_id, "output_index": self._index}
         added = self._event("response.output_item.added", output_index=self._index, item=dict(self.output[-1]))
         delta = self._event("response.function_call_arguments.delta", **where, delta=call.arguments)
         done = self._event("response.function_call_arguments.done", **where, arguments=call.arguments)
-        item = self.output[-1] = call_item(self._item_id, call)
+        item = self.output[-1] = call_item(self._item_id, call, namespace=namespace)
         return [added, delta, done, self._event("response.output_item.done", output_index=self._index, item=item)]
 
     def finish(self, *, finish_reason: str | None, usage: dict) -> list[dict]:

@@ -7,7 +7,11 @@ What maps where: `instructions` -> a system message first (not carried to the ne
 `{"type": "function", "name", "description", "parameters", "strict"}`), `tool_choice`,
 `parallel_tool_calls` -> the chat route's tool request; `text.format` -> constrained decoding. The
 server's own extensions are read as on the chat route: `keep_alive`, `cache_prompt`, `seed` and the
-KV fields. Refused: `background: true`, `conversation`, `prompt`, hosted (non-function) tools."""
+KV fields. Hosted tools the server would have to run (`web_search`, `file_search`, `code_interpreter`,
+`image_generation`, `computer_use_preview`, `mcp`) are left out of what the model sees: Codex sends
+`web_search` on every turn. A `namespace` tool's functions are offered under their own names, and a
+call of one names its namespace. Refused: `background: true`, `conversation`, `prompt`, tools the
+client runs in other shapes (`custom`, `local_shell`)."""
 
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ FORMATS = ("text", "json_object", "json_schema")
 MAX_METADATA = 16                 # OpenAI's limits on `metadata`
 MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 512
 REFUSED = {"background": "background responses", "conversation": "conversations", "prompt": "prompt templates"}
+HOSTED = ("web_search", "file_search", "code_interpreter", "image_generation", "computer_use", "mcp")
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,7 @@ class ResponsesRequest:
     previous_response_id: str | None = None
     store: bool = True
     stream: bool = False
+    namespaces: dict[str, str] = field(default_factory=dict)   # a namespace tool's function -> its namespace
     truncation: str = "disabled"
     spec_fields: dict[str, Any] = field(default_factory=dict)   # CompletionSpec's, all but messages
     echo: dict[str, Any] = field(default_factory=dict)          # the response object's request fields
@@ -69,24 +75,41 @@ def _metadata(body) -> dict | None:
     return value
 
 
-def _function_tools(value) -> list[dict]:
-    """Responses' flat function tools -> the chat route's `{"type": "function", "function": {...}}`."""
+def _function(tool, where: str) -> dict:
+    if not isinstance(tool, dict):
+        raise InvalidRequest(f"{where} must be an object", param=where)
+    if tool.get("type") != "function":
+        raise InvalidRequest(f"{where}.type must be 'function' ({tool.get('type')!r} tools are not run here)",
+                             param=f"{where}.type")
+    function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+    return {"type": "function", "function": function}
+
+
+def _function_tools(value) -> tuple[list[dict], dict[str, str]]:
+    """Responses' flat function tools -> the chat route's `{"type": "function", "function": {...}}`,
+    and which namespace each namespaced function came from."""
     if value is None:
-        return []
+        return [], {}
     if not isinstance(value, list):
         raise InvalidRequest("'tools' must be a list of function tools", param="tools")
     check_count(value, "tools", get_settings().max_tools)
-    out = []
+    out, namespaces = [], {}
     for i, tool in enumerate(value):
         where = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise InvalidRequest(f"{where} must be an object", param=where)
-        if tool.get("type") != "function":
-            raise InvalidRequest(f"{where}.type must be 'function' (hosted tools such as {tool.get('type')!r} are "
-                                 f"not run here)", param=f"{where}.type")
-        function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
-        out.append({"type": "function", "function": function})
-    return out
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if isinstance(kind, str) and kind.startswith(HOSTED):
+            continue
+        if kind == "namespace" and isinstance(tool.get("name"), str):
+            inner = tool.get("tools")
+            if not isinstance(inner, list):
+                raise InvalidRequest(f"{where}.tools must be a list of function tools", param=f"{where}.tools")
+            for j, function in enumerate(inner):
+                out.append(_function(function, f"{where}.tools[{j}]"))
+                namespaces[str(function.get("name"))] = tool["name"]
+            continue
+        out.append(_function(tool, where))
+    check_count(out, "tools", get_settings().max_tools)
+    return out, namespaces
 
 
 def _tool_choice(value):
@@ -98,8 +121,8 @@ def _tool_choice(value):
     return value
 
 
-def _tools(body) -> dict:
-    chat_body = {"tools": _function_tools(body.get("tools")), "tool_choice": _tool_choice(body.get("tool_choice")),
+def _tools(body, functions: list[dict]) -> dict:
+    chat_body = {"tools": functions, "tool_choice": _tool_choice(body.get("tool_choice")),
                  "parallel_tool_calls": body.get("parallel_tool_calls")}
     try:
         request = parse_tool_request(chat_body)
@@ -163,7 +186,8 @@ def parse_responses(body: dict) -> ResponsesRequest:
     if truncation not in TRUNCATIONS:
         raise InvalidRequest("'truncation' must be 'auto' or 'disabled'", param="truncation")
     constraint, fmt = text_format(body)
-    tools = _tools(body)
+    functions, namespaces = _function_tools(body.get("tools"))
+    tools = _tools(body, functions)
     max_tokens = integer(body, "max_output_tokens", minimum=1)
     temperature = number(body, "temperature", 0, 2)
     top_p = number(body, "top_p", 0, 1, lo_open=True)
@@ -177,14 +201,16 @@ def parse_responses(body: dict) -> ResponsesRequest:
                                              if body.get("parallel_tool_calls") is not None else True),
             "previous_response_id": previous, "store": store, "temperature": temperature,
             "text": {"format": fmt}, "tool_choice": body.get("tool_choice") or "auto",
-            "tools": [_echo_tool(t) for t in tools.get("tools", ())], "top_p": top_p, "truncation": truncation,
+            "tools": [_echo_tool(t, namespaces) for t in tools.get("tools", ())], "top_p": top_p,
+            "truncation": truncation,
             "user": _string(body, "user")}
     return ResponsesRequest(model=model, input=items, instructions=instructions, previous_response_id=previous,
                             store=store, stream=flag(body, "stream", default=False), truncation=truncation,
-                            spec_fields=spec_fields, echo=echo)
+                            namespaces=namespaces, spec_fields=spec_fields, echo=echo)
 
 
-def _echo_tool(tool: dict) -> dict:
+def _echo_tool(tool: dict, namespaces: dict[str, str]) -> dict:
     function = tool["function"]
-    return {"type": "function", "name": function["name"], "description": function.get("description"),
-            "parameters": function["parameters"], "strict": function.get("strict", False)}
+    echoed = {"type": "function", "name": function["name"], "description": function.get("description"),
+              "parameters": function["parameters"], "strict": function.get("strict", False)}
+    return {**echoed, "namespace": namespaces[function["name"]]} if function["name"] in namespaces else echoed

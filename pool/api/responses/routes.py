@@ -51,7 +51,7 @@ async def create(request):
     req = parse_responses(json_body(request))
     earlier = await store.conversation(req.previous_response_id) if req.previous_response_id else []
     completion, items = await _open(req, [*earlier, *req.input])
-    response = Response(model=completion.model_id, echo=req.echo)
+    response = Response(model=completion.model_id, echo=req.echo, namespaces=req.namespaces)
     reader = _reader(completion)
     if not req.stream:
         async with completion:
@@ -107,7 +107,7 @@ async def _collect(completion, reader: _Reader, response: Response) -> dict:
         last = chunk
     pieces.extend(reader.finish())
     assert last is not None
-    output = output_items(pieces)
+    output = output_items(pieces, response.namespaces)
     status, details = status_of(last.finish_reason, output)
     return response.body(status=status, output=output, incomplete_details=details,
                          usage=usage(last.prompt_tokens, last.cached_tokens, last.completion_tokens))

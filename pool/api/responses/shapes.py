@@ -32,17 +32,19 @@ def output_text(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def call_item(item_id: str, call: ToolCall, *, status: str = "completed", arguments: str | None = None) -> dict:
-    return {"id": item_id, "type": "function_call", "status": status, "call_id": call.id, "name": call.name,
+def call_item(item_id: str, call: ToolCall, *, status: str = "completed", arguments: str | None = None,
+              namespace: str | None = None) -> dict:
+    item = {"id": item_id, "type": "function_call", "status": status, "call_id": call.id, "name": call.name,
             "arguments": call.arguments if arguments is None else arguments}
+    return item if namespace is None else {**item, "namespace": namespace}
 
 
-def output_items(pieces: list[Piece]) -> list[dict]:
+def output_items(pieces: list[Piece], namespaces: dict[str, str] | None = None) -> list[dict]:
     """Pieces of an answer -> its output items: adjacent text in one message, an item per call."""
     items: list[dict] = []
     for piece in pieces:
         if isinstance(piece, ToolCall):
-            items.append(call_item(new_id("fc"), piece))
+            items.append(call_item(new_id("fc"), piece, namespace=(namespaces or {}).get(piece.name)))
         elif not piece.text:
             continue
         elif items and items[-1]["type"] == "message":
@@ -75,10 +77,12 @@ def output_text_of(output: list[dict]) -> str:
 class Response:
     """One response's fixed fields; `body(...)` is the object at any point of its life."""
 
-    def __init__(self, *, model: str, echo: dict, response_id: str | None = None):
+    def __init__(self, *, model: str, echo: dict, response_id: str | None = None,
+                 namespaces: dict[str, str] | None = None):
         self.id = response_id or new_id("resp")
         self.created_at = int(time.time())
         self.model, self.echo = model, echo
+        self.namespaces = namespaces or {}      # a namespaced function's calls name the namespace
 
     def body(self, *, status: str, output: list[dict], usage: dict | None = None,
              incomplete_details: dict | None = None, error: dict | None = None) -> dict:
