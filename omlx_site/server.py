@@ -1,9 +1,8 @@
-"""Daphne as `serve` runs it: connection timeouts, and a graceful stop on SIGTERM or SIGINT.
+"""Daphne as `serve` runs it: connection limits, and a graceful stop on SIGTERM or SIGINT.
 
-Timeouts: Twisted closes a connection that stays silent for OMLX_IDLE_TIMEOUT while its request is
-read or between requests (never while the answer is generated, so long streams are safe), and a
-client has OMLX_HEADER_TIMEOUT from its first byte to send the request line and headers: the idle
-timeout alone restarts at every byte, so one byte a minute would hold a connection forever.
+Limits: Twisted closes a connection that stays silent for OMLX_IDLE_TIMEOUT while its request is
+read or between requests (never while the answer is generated, so long streams are safe); the rest
+(the header deadline, 414/431, an answer left unread, connections per client) is omlx_site/channel.py.
 
 Stop: stop listening, refuse new requests on open connections (503 `server_shutting_down`), let
 the running ones finish for OMLX_SHUTDOWN_GRACE seconds, then end the rest with an error (a 503
@@ -22,8 +21,8 @@ import signal
 
 from daphne.server import Server
 from twisted.internet import defer, reactor
-from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol
 
+from .channel import Clients, Limits, channel
 from .inflight import SHUTTING_DOWN
 
 log = logging.getLogger("pool")
@@ -31,74 +30,20 @@ log = logging.getLogger("pool")
 # after the grace: how long the engines' aborts may take to reach the clients, then the fallback's
 SETTLE_SECONDS = 2.0
 
-TIMED_OUT = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-
-
-class DeadlineChannel(HTTPChannel):
-    """An HTTP/1.1 channel whose request line and headers must arrive within `header_timeout`
-    seconds of the request's first byte (of the connection, for the first request)."""
-
-    def __init__(self, header_timeout: float):
-        super().__init__()
-        self.header_timeout = header_timeout
-        self._deadline = None
-        self._headers_done = False
-
-    def connectionMade(self):
-        super().connectionMade()
-        self._arm()
-
-    def dataReceived(self, data):
-        if self._deadline is None and not self._headers_done:
-            self._arm()
-        super().dataReceived(data)
-
-    def allHeadersReceived(self):
-        self._headers_done = True
-        self._disarm()
-        super().allHeadersReceived()
-
-    def requestDone(self, request):
-        self._headers_done = False
-        super().requestDone(request)
-
-    def connectionLost(self, reason):
-        self._disarm()
-        super().connectionLost(reason)
-
-    def _arm(self):
-        if self.header_timeout:
-            self._deadline = reactor.callLater(self.header_timeout, self._too_slow)
-
-    def _disarm(self):
-        if self._deadline is not None and self._deadline.active():
-            self._deadline.cancel()
-        self._deadline = None
-
-    def _too_slow(self):
-        self._deadline = None
-        if self.transport is not None:
-            self.transport.write(TIMED_OUT)
-            self.transport.loseConnection()
-
-
-def _channel(header_timeout: float) -> _GenericHTTPChannelProtocol:
-    return _GenericHTTPChannelProtocol(DeadlineChannel(header_timeout))
-
 
 class OmlxServer(Server):
     """Daphne's server, keeping its listening ports (to stop listening first on shutdown) and
-    building its HTTP connections with the timeouts above."""
+    building its HTTP connections with the limits of omlx_site/channel.py."""
 
-    def __init__(self, *args, header_timeout: float, idle_timeout: float, **kwargs):
+    def __init__(self, *args, limits: Limits, **kwargs):
         super().__init__(*args, **kwargs)
-        self.header_timeout, self.idle_timeout = header_timeout, idle_timeout
+        self.limits, self.clients = limits, Clients()
         self.ports = []
 
     def listen_success(self, port):
         # run() has built the HTTP factory by now, and no connection has been accepted yet
-        self.http_factory.timeOut = self.idle_timeout or None
-        self.http_factory.protocol = functools.partial(_channel, self.header_timeout)
+        self.http_factory.timeOut = self.limits.idle_timeout or None
+        self.http_factory.protocol = functools.partial(channel, self.limits, self.clients)
         self.ports.append(port)
         super().listen_success(port)
 

@@ -146,7 +146,10 @@ SETTINGS: list[Setting] = [
             "seconds a client has to send a request's line and headers; then the connection is closed (0 = no limit)"),
     Setting("OMLX_IDLE_TIMEOUT", "60", parse_duration,
             "seconds a connection may stay silent while its request is read or between requests (never while "
-            "answering)"),
+            "answering); a finished answer the client reads none of for this long is dropped"),
+    Setting("OMLX_MAX_CONNECTIONS_PER_CLIENT", "128", non_negative_int,
+            "connections one client address may hold open; a request on one more is a 503 "
+            "`too_many_connections` (the fleet's hosts are exempt); 0 = no cap"),
     Setting("OMLX_MAX_MODEL_MEMORY", "auto", size_or_keyword("auto", "off"),
             "model budget: a size, `auto` or `off`"),
     Setting("OMLX_MAX_LOADED_MODELS", "0", non_negative_int, "at most this many models loaded at once; 0 = no cap"),
@@ -246,6 +249,7 @@ class Settings:
     shutdown_grace: float
     header_timeout: float
     idle_timeout: float
+    max_connections_per_client: int
     max_model_memory: Size
     max_loaded_models: int
     idle_ttl: float | None

@@ -46,6 +46,7 @@ class Command(BaseCommand):
 
         # omlx_site.server installs Twisted's asyncio reactor: before anything imports the reactor
         from omlx_site.server import GracefulStop, OmlxServer  # isort: skip
+        from omlx_site.channel import Limits  # isort: skip
         from twisted.internet import defer, reactor  # isort: skip
 
         from omlx_site.asgi import application, in_flight
@@ -55,7 +56,8 @@ class Command(BaseCommand):
         server = OmlxServer(application=application, endpoints=build_endpoint_description_strings(host=host, port=port),
                             ready_callable=lambda: ready(), signal_handlers=False, verbosity=0,
                             application_close_timeout=5, websocket_handshake_timeout=5,
-                            header_timeout=conf.header_timeout, idle_timeout=conf.idle_timeout)
+                            limits=Limits(header_timeout=conf.header_timeout, idle_timeout=conf.idle_timeout,
+                                          per_client=conf.max_connections_per_client, fleet_key=conf.fleet_key))
         stop = GracefulStop(server=server, in_flight=in_flight, runtime=runtime, grace=conf.shutdown_grace)
 
         def ready():
