@@ -206,6 +206,8 @@ SETTINGS: list[Setting] = [
     Setting("OMLX_PROMPT_CACHE_ENTRIES", "10", non_negative_int, "at most this many prompt cache entries per model"),
     Setting("OMLX_PROMPT_CACHE_DISK_BYTES", "4GB", size_or_keyword("off"),
             "each model's prompt cache disk tier under $OMLX_HOME/prompt-cache/: a size or `off`"),
+    Setting("OMLX_PROMPT_CACHE_DISK_TOTAL", "auto", size_or_keyword("auto"),
+            "the prompt cache disk tier's total across models: a size, or `auto` = a tenth of the free disk"),
     Setting("OMLX_DATABASE_URL", "", str,
             "a fleet's shared database (settings, pins, aliases, users, history): `postgres://user:pass@host:5432/db`; "
             "empty = SQLite in $OMLX_HOME"),
@@ -279,6 +281,7 @@ class Settings:
     prompt_cache_bytes: Size
     prompt_cache_entries: int
     prompt_cache_disk_bytes: Size
+    prompt_cache_disk_total: Size
     database_url: str
     redis_url: str
     host_id: str

@@ -2,7 +2,9 @@
 
 Layouts: flat `dir/<name>/`, organised `dir/<org>/<name>/` (id `<name>`), and the Hugging Face
 cache `dir/models--Org--Name/snapshots/<rev>/`, resolved through `refs/main` (id `Org/Name`).
-Adapter folders (adapter_config.json) are skipped. The first folder found for an id wins.
+Adapter folders (adapter_config.json) are skipped. The first folder found for an id wins. A folder
+whose id is not a usable name (model_ids.id_problem: empty, `.`, `..`, control characters) is
+skipped with a warning: no client could name it, and paths derived from ids must stay sane.
 Each folder is of one kind of model (pool/catalog/kinds.py: a chat model or an embedding model).
 """
 
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .kinds import CHAT, Kind, folder_kind
+from .model_ids import id_problem
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +120,9 @@ def discover(dirs: list[Path]) -> dict[str, ModelFolder]:
             continue
         for model_id, path in _candidates(root):
             if not is_model_folder(path):
+                continue
+            if (problem := id_problem(model_id)) is not None:
+                log.warning("skipping model folder %s: its id %r is not usable (%s)", path, model_id, problem)
                 continue
             if model_id in found:
                 log.warning("model id %r found twice; keeping %s, ignoring %s", model_id, found[model_id].path, path)

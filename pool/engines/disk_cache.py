@@ -1,18 +1,23 @@
-"""The prompt cache's disk tier (oMLX's SSD cache): entries pushed out of memory are written with
-mlx-lm's save_prompt_cache under $OMLX_HOME/prompt-cache/<model>/, least recently used files go when
-the folder passes its byte cap, and a later request (after an unload, a reload, a restart) reads its
-prefix back instead of prefilling it again.
+"""The prompt cache's disk tier (oMLX's SSD cache): entries pushed out of memory are written under
+$OMLX_HOME/prompt-cache/<model's safe name>/ in mlx-lm's prompt cache format (spill.py writes them,
+without the KV buffers' padding, off the engine thread), and a later request (after an unload, a
+reload, a restart) reads its prefix back instead of prefilling it again.
+
+Room is made before a write and only as much as the entry needs: the folder's least recently used
+files go until it fits the model's cap, then any model's until it fits the tier's total
+(disk_tier.py). An entry larger than either cap is not written (`stats.skipped`); it never empties
+the tier.
 
 Every file carries its tokens and the model's fingerprint (config and weight files' names, sizes
 and times) in its safetensors metadata: a changed model folder invalidates its entries. Files are
 written to a temporary name and renamed, so a kill during a spill never leaves a half file under a
 served name; a file that does not load (truncated, corrupt) is deleted and counted as a miss. At
 start, partial files and files the index does not name (a kill between the rename and the index
-write) are deleted.
+write) are deleted; only files named as entries are ever deleted, whatever else the folder holds.
 
-A spill the disk refuses (full, read-only) loses only that entry's disk copy (it stays in memory
-until pushed out): the fault and the recovery are reported once for all models (pool/storage.py: a
-log line, an event, the storage_* gauges), counted in `stats.spill_failures`, never raised."""
+A spill the disk refuses (full, read-only) loses only that entry's disk copy: the fault and the
+recovery are reported once for all models (pool/storage.py: a log line, an event, the storage_*
+gauges), counted in `stats.spill_failures`, never raised."""
 
 from __future__ import annotations
 
@@ -21,18 +26,21 @@ import hashlib
 import json
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
+from mlx_lm.models.cache import load_prompt_cache
 
 from .. import storage
+from .disk_tier import ENTRY, PARTIAL, DiskTier
+from .spill import Spill, entry_stem, prepare
 
 log = logging.getLogger(__name__)
 
 SUFFIX = ".safetensors"
-PARTIAL = ".partial" + SUFFIX    # a file being written; renamed to its served name when complete
+PARTIAL_SUFFIX = ".partial" + SUFFIX    # a file being written; renamed to its served name when complete
 
 
 def model_fingerprint(folder: Path) -> str:
@@ -50,7 +58,7 @@ def _touch(path: Path) -> None:
         os.utime(path)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:
@@ -64,34 +72,52 @@ class DiskStats:
     writes: int = 0
     errors: int = 0          # files that did not load: deleted, counted as misses
     spill_failures: int = 0  # entries the disk refused (full, read-only): reported in pool/storage.py
+    skipped: int = 0         # entries larger than the model's cap or the tier's total: not written
 
 
-@dataclass
+@dataclass(eq=False)
 class DiskCache:
     folder: Path
     max_bytes: int
     fingerprint: str
+    tier: DiskTier | None = None      # the total across models; None: this folder's cap only
     stats: DiskStats = field(default_factory=DiskStats)
     _index: dict[str, list[int]] = field(default_factory=dict)   # file name -> its tokens
-    _sizes: dict[str, int] = field(default_factory=dict)         # file name -> its bytes (read per step)
+    _sizes: dict[str, int] = field(default_factory=dict)         # file name -> its bytes
 
     def __post_init__(self):
         self.folder.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            self._open()
+            if self.tier is not None:
+                self.tier.attach(self.folder, self._forget_for_tier)
+
+    @property
+    def _lock(self):
+        return self.tier.lock if self.tier is not None else _NO_TIER_LOCK
+
+    def _open(self) -> None:
         index_path = self.folder / "index.json"
         try:
             index = json.loads(index_path.read_text())
         except (OSError, ValueError):
             index = {}
-        if index.get("fingerprint") != self.fingerprint:
-            index = {"entries": {}}     # another model's files, or none yet: start over
-            for stale in self.folder.glob(f"*{SUFFIX}"):
-                stale.unlink(missing_ok=True)
-        self._index = {name: tokens for name, tokens in index.get("entries", {}).items()
-                       if (self.folder / name).exists()}
+        if not isinstance(index, dict) or index.get("fingerprint") != self.fingerprint:
+            index = {"entries": {}}     # files of other weights, or none yet: start over
+        entries = index.get("entries")
+        self._index = {name: tokens for name, tokens in (entries if isinstance(entries, dict) else {}).items()
+                       if ENTRY.match(name) and (self.folder / name).exists()}
         self._sizes = {name: self._size(name) for name in self._index}
-        for orphan in self.folder.glob(f"*{SUFFIX}"):
-            if orphan.name not in self._index:   # a spill a kill cut short, or one never indexed
-                orphan.unlink(missing_ok=True)
+        for orphan in self.folder.iterdir():
+            # a spill a kill cut short, one never indexed, or another fingerprint's: only our own names
+            if (PARTIAL.match(orphan.name) or ENTRY.match(orphan.name)) and orphan.name not in self._index:
+                with contextlib.suppress(OSError):
+                    orphan.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """The model unloads: the tier deletes this folder's files without telling it any more."""
+        if self.tier is not None:
+            self.tier.detach(self.folder, self._forget_for_tier)
 
     @property
     def nbytes(self) -> int:
@@ -101,29 +127,62 @@ class DiskCache:
     def entries(self) -> int:
         return len(self._index)
 
-    def put(self, tokens: list[int], cache: list[Any]) -> None:
-        stem = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:24]
-        name = stem + SUFFIX
-        if name in self._index:
-            _touch(self.folder / name)       # already there: now the most recently used
-            return
-        partial = self.folder / (stem + PARTIAL)
+    def holds(self, tokens: list[int]) -> bool:
+        return entry_stem(list(tokens)) + SUFFIX in self._index
+
+    def put(self, tokens: list[int], cache: list[Any]) -> bool:
+        """Write one entry now, on this thread (tests; the prompt cache spills through `prepare`)."""
+        return self.write(self.prepare(tokens, cache))
+
+    def prepare(self, tokens: list[int], cache: list[Any]) -> Spill:
+        """On the engine thread: the entry ready for `write` on any thread."""
+        return prepare(list(tokens), cache, {"tokens": json.dumps(list(tokens)), "fingerprint": self.fingerprint})
+
+    def write(self, spill: Spill) -> bool:
+        """Write a prepared entry, making only the room it needs; False when it was not written."""
+        name = spill.stem + SUFFIX
+        with self._lock:
+            if name in self._index:
+                _touch(self.folder / name)       # already there: now the most recently used
+                return True
+            if not self._make_room(spill.nbytes):
+                self.stats.skipped += 1
+                log.info("a %d-byte prompt cache entry of %s is larger than its disk caps: not written",
+                         spill.nbytes, self.folder.name)
+                return False
+        partial = self.folder / (spill.stem + PARTIAL_SUFFIX)
         try:
-            save_prompt_cache(str(partial), cache, metadata={"tokens": json.dumps(tokens),
-                                                             "fingerprint": self.fingerprint})
+            spill.write_to(partial)
             os.replace(partial, self.folder / name)
         except (OSError, RuntimeError) as e:   # a full or read-only disk: the entry's copy is only lost
             fault = storage.fault_of(e, self.folder)    # before the half file goes and frees its space
             with contextlib.suppress(OSError):
                 partial.unlink(missing_ok=True)
             self._refused(e, fault)
-            return
-        self._index[name] = list(tokens)
-        self._sizes[name] = self._size(name)
-        self.stats.writes += 1
-        self._evict_over_cap()
-        if self._write_index():
+            return False
+        with self._lock:
+            self._index[name] = list(spill.tokens)
+            self._sizes[name] = self._size(name)
+            if self.tier is not None:
+                self.tier.added(self.folder / name)
+            self.stats.writes += 1
+            written = self._write_index()
+        if written:
             storage.health.succeeded(storage.Component.PROMPT_CACHE)
+        return True
+
+    def _make_room(self, nbytes: int) -> bool:
+        """Delete this folder's least recently used files until `nbytes` more fit its cap, then let
+        the tier do the same across models; False, deleting nothing, when either cap is too small."""
+        if nbytes > self.max_bytes or (self.tier is not None and nbytes > self.tier.total_bytes):
+            return False
+        by_age = sorted(self._index, key=lambda name: self._mtime(name))
+        total = self.nbytes
+        while by_age and total + nbytes > self.max_bytes:
+            name = by_age.pop(0)
+            total -= self._sizes.get(name, 0)
+            self._forget(name, write=False)
+        return self.tier is None or self.tier.make_room(nbytes)
 
     def _refused(self, error: BaseException, fault: storage.Fault | None = None) -> None:
         self.stats.spill_failures += 1
@@ -132,8 +191,9 @@ class DiskCache:
 
     def longest_prefix(self, tokens: list[int]) -> tuple[str, int] | None:
         """(file, tokens it shares with `tokens`) of the entry sharing the most, or None."""
-        best = max(((name, _common_prefix(stored, tokens)) for name, stored in self._index.items()),
-                   key=lambda item: item[1], default=None)
+        with self._lock:
+            best = max(((name, common_prefix(stored, tokens)) for name, stored in self._index.items()),
+                       key=lambda item: item[1], default=None)
         return best if best and best[1] > 0 else None
 
     def load(self, name: str) -> tuple[list[int], list[Any]] | None:
@@ -147,25 +207,25 @@ class DiskCache:
         except Exception as e:  # noqa: BLE001 - any unreadable file is a miss, never a client error
             log.warning("dropping prompt cache file %s: %s", path, e)
             self.stats.errors += 1
-            self._forget(name)
+            with self._lock:
+                self._forget(name)
             return None
         _touch(path)
+        if self.tier is not None:
+            self.tier.used(path)
         self.stats.hits += 1
         return tokens, cache
 
-    def _evict_over_cap(self) -> None:
-        by_age = sorted(self._index, key=lambda name: self._mtime(name))
-        total = self.nbytes
-        while by_age and total > self.max_bytes:
-            name = by_age.pop(0)
-            total -= self._sizes.get(name, 0)
-            self._forget(name, write=False)
+    def _forget_for_tier(self, name: str) -> None:
+        self._forget(name)
 
     def _forget(self, name: str, *, write: bool = True) -> None:
         self._index.pop(name, None)
         self._sizes.pop(name, None)
         with contextlib.suppress(OSError):   # a read-only folder: forgotten all the same
             (self.folder / name).unlink(missing_ok=True)
+        if self.tier is not None:
+            self.tier.removed(self.folder / name)
         if write:
             self._write_index()
 
@@ -193,3 +253,6 @@ class DiskCache:
             return (self.folder / name).stat().st_mtime
         except OSError:
             return 0.0
+
+
+_NO_TIER_LOCK = threading.RLock()

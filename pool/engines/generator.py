@@ -80,7 +80,10 @@ class TextEngine(EngineWorker):
     async def shrink_prompt_cache(self, *, cap_bytes: int, free_bytes: int = 0) -> int:
         """Set the prompt cache's cap, and drop least recently used entries until `free_bytes` more
         are freed; returns the bytes freed."""
-        return await self.call(lambda: self._shrink_prompt_cache(cap_bytes, free_bytes))
+        freed = await self.call(lambda: self._shrink_prompt_cache(cap_bytes, free_bytes))
+        if (store := self._prompt_cache) is not None:   # what left memory is written: wait here, off the thread
+            await asyncio.to_thread(store.wait_for_spills)
+        return freed
 
     def abort_all(self, message: str, code: str = "request_aborted") -> None:
         """End every running request with `RequestAborted(message, code)`; the model stays loaded."""
@@ -168,21 +171,18 @@ class TextEngine(EngineWorker):
         weight_bytes = self._weight_bytes = fill_weights(model, self._load_options.group_bytes)
         self._watch(model, [w for _, w in tree_flatten(model.parameters())])
         self.model_info = model_info(model, config)
-        self._prompt_cache = make_prompt_cache_store(self.model_id, self.path, self._cache_options)
+        self._prompt_cache = make_prompt_cache_store(self.model_id, self.path, self._cache_options,
+                                                     on_written=lambda: self._post(self._update_cache_stats))
         self._stop_tokens = [[t] for t in sorted(tokenizer.eos_token_ids)]
         self._lanes = {KVConfig(): BatchLane(model, KVConfig(), self._stop_tokens)}
         return LoadResult(measured_bytes=weight_bytes,
                           seconds=time.perf_counter() - started, model_info=self.model_info)
 
     def _has_work(self) -> bool:
-        pc = self._prompt_cache
-        return bool(self._requests or self._prefills) or (pc is not None and pc.unsaved)
+        return bool(self._requests or self._prefills)
 
     def _work(self) -> None:
-        if self._requests or self._prefills:
-            self._step()
-        elif self._prompt_cache is not None:
-            self._prompt_cache.save_one()    # idle: write the disk tier's entries now (prompt_cache.py)
+        self._step()
 
     def _after_commands(self) -> None:
         if self._stats_stale and not (self._requests or self._prefills):

@@ -6,23 +6,31 @@ one trimmed: LRUPromptCache's own search) as a private deep copy, so concurrent 
 share mutable KV. A finished request stores its prompt + completion KV, so the next turn of the
 same chat starts from it.
 
-With a disk tier, entries are written while the engine is idle (`save_one`, called between requests)
-and when the cache is cleared or shrunk from outside (an unload, memory pressure). Writing one as
-LRU churn pushes it out would stall every running stream: mlx's safetensors writer holds the GIL
-(measured on the GPU at 32 streams: 19% of the engine thread). An entry pushed out by new entries
-before the engine was idle is dropped and counted (`spills_dropped`)."""
+With a disk tier, an entry is written only when it leaves memory: pushed out by newer entries,
+dropped by memory pressure, or cleared at an unload. A finished turn's entry, which the next turn
+is about to reuse, stays in memory and is never written while it is there. The write happens on the
+process's writer thread (spill.py): the engine thread only takes byte views of the entry's arrays,
+so a spill never delays a request, and a request that needs an entry still being written takes it
+from memory (`_pending`). At most the cache's cap in bytes waits to be written; an entry beyond that
+is dropped and counted (`spills_dropped`). An unload waits for its spills (the memory it measures
+as released must be free), and a pressure shrink waits for them off the engine thread."""
 
 from __future__ import annotations
 
+import copy
+import itertools
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from mlx_lm.models.cache import LRUPromptCache, PromptTrie, can_trim_prompt_cache, trim_prompt_cache
 
-from .disk_cache import DiskCache, model_fingerprint
+from .disk_cache import DiskCache, common_prefix, model_fingerprint
+from .disk_tier import tier_at
 from .protocol import PromptCacheOptions
+from .spill import WRITER, Writer
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +42,7 @@ class PromptCacheStats:
     hits: int = 0
     misses: int = 0
     tokens_saved: int = 0
-    spills_dropped: int = 0     # pushed out during sustained load before they could be written
+    spills_dropped: int = 0     # left memory while the writer was a cap's worth behind: not written
 
 
 class _EvictionTrie(PromptTrie):
@@ -51,48 +59,79 @@ class _EvictionTrie(PromptTrie):
         return entry
 
 
+@dataclass
+class _Pending:
+    """An entry that left memory and waits for (or is in) its write."""
+    tokens: list[int]
+    cache: list[Any]
+    nbytes: int
+
+
 class PromptCache:
     def __init__(self, *, max_bytes: int, max_entries: int, disk: DiskCache | None = None,
-                 on_evict: Callable[[list[int], list[Any]], None] | None = None):
+                 on_evict: Callable[[list[int], list[Any]], None] | None = None, writer: Writer = WRITER):
         self.configured_bytes = max_bytes
         self.max_entries = max_entries
         self.disk = disk
+        self._writer = writer
         self._lru = LRUPromptCache(max_size=max_entries, max_bytes=max_bytes)
-        self._unsaved: dict[tuple[int, ...], bool] = {}   # held here, not yet on disk (newest last)
-        self._spill_now = False          # set while an unload or pressure pushes entries out
+        self._pending: dict[int, _Pending] = {}    # being written by the writer thread, by spill number
+        self._pending_bytes = 0
+        self._spills = itertools.count()
+        self._written = threading.Condition()      # the writer settles `_pending` under it
         # the trie is LRUPromptCache's; replacing it is the one hook it offers for its evictions
         self._lru._trie = _EvictionTrie(on_evict or self._evicted)
         self.stats = PromptCacheStats()
+        self.on_written: Callable[[], None] | None = None   # called on the writer thread after each spill
 
     def _evicted(self, tokens: list[int], cache: list[Any]) -> None:
-        if not self._unsaved.pop(tuple(tokens), False):
-            return                       # no disk tier, or already written
-        if self._spill_now:
-            self.disk.put(tokens, cache)
-        else:
+        """On the engine thread: an entry left memory; hand it to the writer unless it is on disk."""
+        if self.disk is None or self.disk.holds(tokens):
+            return
+        nbytes = sum(c.nbytes for c in cache)
+        with self._written:
+            if self._pending and self._pending_bytes + nbytes > self.configured_bytes:
+                self.stats.spills_dropped += 1
+                return
+        try:
+            spill = self.disk.prepare(tokens, cache)
+        except Exception:    # an entry that cannot be saved is only not on disk
+            log.exception("a prompt cache entry could not be prepared for the disk tier")
             self.stats.spills_dropped += 1
+            return
+        number = next(self._spills)
+        with self._written:
+            self._pending[number] = _Pending(list(tokens), cache, nbytes)
+            self._pending_bytes += nbytes
+        disk = self.disk
+
+        def write() -> None:
+            try:
+                disk.write(spill)
+            finally:
+                spill.parts.clear()          # its views of the arrays: the memory is free once written
+                with self._written:
+                    self._pending_bytes -= self._pending.pop(number).nbytes
+                    self._written.notify_all()
+                if self.on_written is not None:
+                    self.on_written()
+        self._writer.submit(write)
+
+    def wait_for_spills(self, timeout: float | None = None) -> bool:
+        """Block until every entry that left memory is written (or refused); False on a timeout."""
+        with self._written:
+            return self._written.wait_for(lambda: not self._pending, timeout)
 
     @property
-    def unsaved(self) -> bool:
-        """Whether an entry waits to be written to the disk tier."""
-        return bool(self._unsaved)
-
-    def save_one(self) -> bool:
-        """Write the newest entry not yet on disk; False when there is none."""
-        while self._unsaved:
-            key = next(reversed(self._unsaved))
-            del self._unsaved[key]
-            try:
-                entry = self._lru._trie.get(KEY, list(key))
-            except KeyError:             # replaced by a longer entry of the same chat
-                continue
-            self.disk.put(list(key), entry.prompt_cache)
-            return True
-        return False
+    def spilling(self) -> int:
+        """Entries waiting for (or in) their write."""
+        with self._written:
+            return len(self._pending)
 
     @property
     def nbytes(self) -> int:
-        return self._lru.nbytes
+        """Bytes held: the entries in memory and those still being written."""
+        return self._lru.nbytes + self._pending_bytes
 
     @property
     def entries(self) -> int:
@@ -110,6 +149,8 @@ class PromptCache:
             trim_prompt_cache(cache, 1)
             rest = tokens[-1:]
         cached = len(tokens) - len(rest) if cache is not None else 0
+        if self._pending:
+            cache, cached = self._from_pending(tokens, cache, cached)
         if self.disk is not None:
             cache, cached = self._from_disk(tokens, cache, cached)
         if cache is None:
@@ -118,6 +159,22 @@ class PromptCache:
         self.stats.hits += 1
         self.stats.tokens_saved += cached
         return cache, cached
+
+    def _from_pending(self, tokens: list[int], cache, cached: int):
+        """An entry still being written, when it covers more of the prompt: a copy, from memory."""
+        with self._written:
+            candidates = list(self._pending.values())
+        best = max(((p, min(common_prefix(p.tokens, tokens), len(tokens) - 1)) for p in candidates),
+                   key=lambda item: item[1], default=None)
+        if best is None or best[1] <= cached:
+            return cache, cached
+        pending, usable = best
+        if len(pending.tokens) > usable and not can_trim_prompt_cache(pending.cache):
+            return cache, cached
+        copied = copy.deepcopy(pending.cache)
+        if len(pending.tokens) > usable:
+            trim_prompt_cache(copied, len(pending.tokens) - usable)
+        return copied, usable
 
     def _from_disk(self, tokens: list[int], cache, cached: int):
         """The disk tier's entry instead, when it covers more of the prompt than memory does."""
@@ -137,48 +194,47 @@ class PromptCache:
 
     def store(self, tokens: list[int], cache: list[Any]) -> None:
         if tokens and cache:
-            if self.disk is not None:
-                key = tuple(tokens)
-                self._unsaved.pop(key, None)
-                self._unsaved[key] = True
             self._lru.insert_cache(KEY, list(tokens), cache)
 
     def set_cap(self, cap_bytes: int) -> int:
         """Move the cap (memory pressure walks it); entries over it go, least recently used first.
-        Returns the bytes freed."""
+        Returns the bytes freed (those being written are free once written: `wait_for_spills`)."""
         self._lru.max_bytes = max(0, int(cap_bytes))
         return self.trim(self._lru.max_bytes)
 
     def trim(self, to_bytes: int) -> int:
         """Drop least recently used entries until at most `to_bytes` are held; the bytes freed."""
-        before = self.nbytes
-        self._spill_now = True
-        try:
-            self._lru.trim_to(n_bytes=max(0, int(to_bytes)))
-        finally:
-            self._spill_now = False
-        return before - self.nbytes
+        before = self._lru.nbytes
+        self._lru.trim_to(n_bytes=max(0, int(to_bytes)))
+        return before - self._lru.nbytes
 
     def clear(self) -> int:
-        """Drop every entry (to the disk tier, when there is one): the model is being unloaded."""
-        before = self.nbytes
-        self._spill_now = True
-        try:
-            self._lru.trim_to(n_sequences=0)
-        finally:
-            self._spill_now = False
+        """Drop every entry (to the disk tier, when there is one, waiting for the writes): the model
+        is being unloaded, and the memory it frees must be free when this returns."""
+        before = self._lru.nbytes
+        self.on_written = None
+        self._lru.trim_to(n_sequences=0)
+        self.wait_for_spills()
+        if self.disk is not None:
+            self.disk.close()
         return before
 
 
-def make_prompt_cache_store(model_id: str, model_path: Path, options: PromptCacheOptions) -> PromptCache | None:
-    """The store an engine's options ask for (None when off), with its disk tier when there is one."""
+def make_prompt_cache_store(model_id: str, model_path: Path, options: PromptCacheOptions,
+                            on_written: Callable[[], None] | None = None) -> PromptCache | None:
+    """The store an engine's options ask for (None when off), with its disk tier when there is one;
+    `on_written` is called on the writer thread after each spill (the engine re-reads its counters)."""
     if options.max_bytes <= 0 or options.max_entries <= 0:
         return None
     disk = None
     if options.folder is not None and options.disk_bytes > 0:
+        folder = Path(options.folder)
         try:
-            disk = DiskCache(Path(options.folder), max_bytes=options.disk_bytes,
-                             fingerprint=model_fingerprint(model_path))
+            tier = tier_at(folder.parent, options.disk_total_bytes)
+            disk = DiskCache(folder, max_bytes=options.disk_bytes, fingerprint=model_fingerprint(model_path),
+                             tier=tier)
         except OSError as e:   # a read-only or full data folder: memory only
             log.warning("no disk tier for %s's prompt cache: %s", model_id, e)
-    return PromptCache(max_bytes=options.max_bytes, max_entries=options.max_entries, disk=disk)
+    store = PromptCache(max_bytes=options.max_bytes, max_entries=options.max_entries, disk=disk)
+    store.on_written = on_written
+    return store

@@ -49,6 +49,7 @@ class PromptCacheOptions:
     max_entries: int = 10
     folder: Path | None = None
     disk_bytes: int = 0
+    disk_total_bytes: int | None = None   # the disk tier's total across models (folder's parent); None = auto
 
 
 @dataclass(frozen=True)

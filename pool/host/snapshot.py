@@ -9,6 +9,7 @@ from ..engines.protocol import CacheStats
 from ..policy.idle import ttl_remaining
 from ..policy.load_plan import ModelView, lru_ranks
 from ..policy.vocabulary import ModelState
+from .engine_options import disk_tier
 
 CACHE_FIELDS = ("kv_bytes", "prompt_cache_bytes", "prompt_cache_entries", "prompt_cache_cap_bytes")
 COUNTER_FIELDS = {"prompt_cache_hits": "hits", "prompt_cache_misses": "misses", "prompt_tokens_saved": "tokens_saved",
@@ -63,6 +64,7 @@ def build(pool, slots, reading, enforcer_state: dict[str, Any] | None = None) ->
     models = [model_row(e, views[e.id], ranks.get(e.id), now, pool.cache_stats(e.id), slots.counts(e.id))
               for e in order]
     resident = [v for v in views.values() if v.resident]
+    tier = disk_tier(pool.conf)
     memory = {
         "model_budget_bytes": pool.budget(reading),
         "model_bytes": sum(v.footprint for v in resident),
@@ -77,6 +79,9 @@ def build(pool, slots, reading, enforcer_state: dict[str, Any] | None = None) ->
         "kv_bytes": sum(m["kv_bytes"] or 0 for m in models),
         "prompt_cache_bytes": sum(m["prompt_cache_bytes"] or 0 for m in models),
         "prompt_cache_cap_fraction": pool.cache_fraction,
+        # the prompt caches' disk tier, every model's folder (loaded or not), and its total cap
+        "prompt_cache_disk_bytes": tier.nbytes if tier is not None else 0,
+        "prompt_cache_disk_cap_bytes": tier.total_bytes if tier is not None else 0,
         "prefill_step": pool.prefill_step,
     }
     memory.update(enforcer_state or {})

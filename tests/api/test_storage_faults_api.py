@@ -28,6 +28,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pool.catalog.model_ids import safe_name
 from tests.conftest import DEMO
 
 # These stay on Daphne processes: kill -9, another process's lock, mounts over the data folder and the
@@ -159,9 +160,11 @@ def test_a_full_data_folder_keeps_serving_reports_once_and_refuses_a_settings_wr
     home = mounts("-t", "tmpfs", "-o", "size=48m", "tmpfs", at=tmp_path / "full-home")
     # a disk at the edge of full takes a write now and then (a failed spill frees its half file):
     # one episode each, however long the test's fault lasts
-    server = start_server(**home_at(home, migrated_db), OMLX_STORAGE_SETTLE="120")
+    # one entry in memory: each chat pushes the last one out, and so spills it
+    server = start_server(**home_at(home, migrated_db), OMLX_STORAGE_SETTLE="120", OMLX_PROMPT_CACHE_ENTRIES="1")
     assert chat(server, "a first question").status_code == 200
-    server.wait_for(lambda: list((home / "prompt-cache" / DEMO).glob("*.safetensors")))   # spills work
+    assert chat(server, "a first question again").status_code == 200
+    server.wait_for(lambda: list((home / "prompt-cache" / safe_name(DEMO)).glob("*.safetensors")))   # spills work
 
     filler = home / "filler"
     with open(filler, "wb", buffering=0) as f:
@@ -216,7 +219,7 @@ def test_a_read_only_data_folder_keeps_serving_and_refuses_a_settings_write(
         mounts, start_server, migrated_db, tmp_path):
     real = mounts("-t", "tmpfs", "-o", "size=64m", "tmpfs", at=tmp_path / "real-home")
     home = mounts("--bind", str(real), at=tmp_path / "home-view")
-    server = start_server(**home_at(home, migrated_db))
+    server = start_server(**home_at(home, migrated_db), OMLX_PROMPT_CACHE_ENTRIES="1")   # each chat spills
     assert chat(server, "a first question").status_code == 200
 
     mounts("--bind", "-o", "ro", str(real), at=home)                      # read-only from now on
@@ -286,7 +289,7 @@ def test_kill_9_during_a_prompt_cache_spill_never_serves_a_half_file(start_serve
     from mlx_lm.models.cache import load_prompt_cache
 
     server = start_server()
-    folder = server.home / "prompt-cache" / DEMO
+    folder = server.home / "prompt-cache" / safe_name(DEMO)
     prompts = [f"Story {i}: " + "the knight walked across the old stone bridge at dawn, " * 25 for i in range(40)]
     answers: dict[str, str] = {}
     seen_partial = threading.Event()

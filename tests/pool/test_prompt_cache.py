@@ -117,8 +117,8 @@ def test_spilled_entries_come_back_from_disk(tmp_path):
     one = sum(c.nbytes for c in kv(100))
     store = PromptCache(max_bytes=int(1.5 * one), max_entries=10, disk=disk)
     store.store(list(range(100)), kv(100))
-    assert store.unsaved and store.save_one() and not store.unsaved   # the engine was idle: written
-    store.store([5] + list(range(99)), kv(100))                  # pushes the first out: on disk already
+    store.store([5] + list(range(99)), kv(100))                  # pushes the first out: written to disk
+    assert store.wait_for_spills(60)
     assert store.entries == 1 and disk.entries == 1
     cache, cached = store.fetch(list(range(100)) + [7, 8])
     assert cached == 100 and cache[0].offset == 100 and disk.stats.hits == 1
@@ -131,17 +131,20 @@ def test_spilled_entries_come_back_from_disk(tmp_path):
     assert changed.entries == 0 and not list((tmp_path / "m").glob("*.safetensors"))
 
 
-def test_an_entry_pushed_out_under_load_is_dropped_but_an_unload_writes_what_is_left(tmp_path):
-    """Entries are written while the engine is idle: one pushed out by churn before that is counted
-    as dropped (writing it there would stall every stream), and clearing (an unload) writes them."""
+def test_only_entries_that_leave_memory_are_written_and_an_unload_writes_what_is_left(tmp_path):
+    """A finished turn's entry stays in memory unwritten (the next turn reuses it from there); one
+    pushed out by newer entries is written, and clearing (an unload) writes the rest."""
     disk = DiskCache(tmp_path / "m", max_bytes=10**9, fingerprint="f")
     one = sum(c.nbytes for c in kv(30))
     store = PromptCache(max_bytes=int(2.5 * one), max_entries=10, disk=disk)
-    for i in range(3):
-        store.store([i] * 30, kv(30))                             # the third pushes the first out
-    assert (store.entries, disk.entries, store.stats.spills_dropped) == (2, 0, 1)
+    store.store([0] * 30, kv(30))
+    store.store([1] * 30, kv(30))
+    assert store.wait_for_spills(60) and disk.entries == 0        # both in memory: nothing written
+    store.store([2] * 30, kv(30))                                 # the third pushes the first out
+    assert store.wait_for_spills(60)
+    assert (store.entries, sorted(disk._index.values()), store.stats.spills_dropped) == (2, [[0] * 30], 0)
     store.clear()
-    assert sorted(disk._index.values()) == [[1] * 30, [2] * 30] and not store.unsaved
+    assert sorted(disk._index.values()) == [[0] * 30, [1] * 30, [2] * 30] and store.spilling == 0
 
 
 def test_the_disk_tier_is_bounded_least_recently_used_first(tmp_path):
