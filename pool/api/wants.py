@@ -81,3 +81,37 @@ def model_in_path_here_first(request, kwargs) -> Want | None:
 def loaded_model_in_path(request, kwargs) -> Want | None:
     """An unload: where ?host= says, else a host that has the model loaded."""
     return Want(kwargs["model_id"], host=request.GET.get("host") or None, resident=True)
+
+
+# ---- Ollama's routes: the model is `model` (or the older `name`), often with its `:latest` tag ----------
+
+def _ollama_model(body: dict[str, Any]) -> str | None:
+    model = body.get("model") if body.get("model") is not None else body.get("name")
+    if not isinstance(model, str) or not model:
+        return None
+    return model.removesuffix(":latest") or model      # as ollama/names.resolve reads it
+
+
+def ollama_chat(request, kwargs) -> Want | None:
+    body = _body(request)
+    model = _ollama_model(body)
+    return Want(model, messages=_messages(body.get("messages"))) if model else None
+
+
+def ollama_generate(request, kwargs) -> Want | None:
+    body = _body(request)
+    model = _ollama_model(body)
+    prompt = body.get("prompt")
+    if model and not prompt and body.get("keep_alive") == 0:
+        return Want(model, resident=True)           # Ollama's unload verb: where the model is loaded
+    return Want(model, messages=[body.get("system"), prompt] if isinstance(prompt, str) else None) if model else None
+
+
+def ollama_model(request, kwargs) -> Want | None:
+    model = _ollama_model(_body(request))
+    return Want(model) if model else None
+
+
+def ollama_model_here_first(request, kwargs) -> Want | None:
+    model = _ollama_model(_body(request))
+    return Want(model, here_first=True) if model else None

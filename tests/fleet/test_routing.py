@@ -146,6 +146,25 @@ def test_a_model_only_b_has_is_served_through_a_on_every_route(fleet, ab):
     assert requests_served(b, "only-b") >= 2 and requests_served(b, MINILM) >= 1
 
 
+def test_ollamas_routes_see_the_whole_fleet(fleet, ab):
+    """Open WebUI's calls, at a: /api/tags lists b's models too, a chat names `only-b:latest`, /api/ps shows
+    it loaded on b, and the unload verb reaches b."""
+    a, b = ab
+    tags = [m["name"] for m in a.get("/api/tags").json()["models"]]
+    assert {"only-b:latest", f"{MINILM}:latest", "x:latest", "y:latest"} <= set(tags) and len(tags) == len(set(tags))
+    chat = a.post("/api/chat", {"model": "only-b:latest", "messages": [{"role": "user", "content": "hi"}],
+                                "stream": False, "options": {"num_predict": 2}})
+    served_by(chat, "b", "fits")
+    assert chat.json()["model"] == "only-b:latest" and chat.json()["done"] is True
+    fleet.wait_published()
+    assert [m["name"] for m in a.get("/api/ps").json()["models"]] == ["only-b:latest"]
+    assert [m["name"] for m in b.get("/api/ps").json()["models"]] == ["only-b:latest"]
+    served_by(a.post("/api/embed", {"model": f"{MINILM}:latest", "input": "the sea"}), "b")
+    unload = a.post("/api/generate", {"model": "only-b:latest", "prompt": "", "keep_alive": 0})
+    served_by(unload, "b")
+    assert unload.json()["done_reason"] == "unload" and states(b)["only-b"] == "unloaded"
+
+
 def test_an_operator_call_goes_to_the_host_it_names(fleet, ab):
     a, b = ab
     served_by(b.post("/api/models/m/load?host=a", {}), "a")

@@ -117,7 +117,7 @@ async def _respond(completion, clock: Clock, frame, stream: bool):
 
 # ---- /api/chat -----------------------------------------------------------------------------------
 
-@api_route("POST", auth=require_key, dialect=OLLAMA, wants=wants.openai_chat)
+@api_route("POST", auth=require_key, dialect=OLLAMA, wants=wants.ollama_chat)
 async def chat(request):
     req = parse_chat(json_body(request))
     clock = Clock()
@@ -138,7 +138,7 @@ async def chat(request):
 
 # ---- /api/generate -------------------------------------------------------------------------------
 
-@api_route("POST", auth=require_key, dialect=OLLAMA, wants=wants.model_in_body)
+@api_route("POST", auth=require_key, dialect=OLLAMA, wants=wants.ollama_generate)
 async def generate(request):
     req = parse_generate(json_body(request))
     router = get_runtime().router

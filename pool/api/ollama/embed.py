@@ -19,7 +19,7 @@ from .names import resolve
 from .parse import parse_embed
 
 
-@api_route("POST", auth=require_key, dialect=OLLAMA, wants=wants.model_in_body)
+@api_route("POST", auth=require_key, dialect=OLLAMA, wants=wants.ollama_model)
 async def embed(request):
     start = time.monotonic()
     spec = parse_embed(json_body(request), legacy=False)
@@ -29,7 +29,7 @@ async def embed(request):
                          "total_duration": total, "load_duration": 0, "prompt_eval_count": result.prompt_tokens})
 
 
-@api_route("POST", auth=require_key, dialect=OLLAMA, wants=wants.model_in_body)
+@api_route("POST", auth=require_key, dialect=OLLAMA, wants=wants.ollama_model)
 async def embeddings(request):
     result = await _embed(parse_embed(json_body(request), legacy=True))
     return JsonResponse({"embedding": result.floats(0)})

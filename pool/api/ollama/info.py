@@ -13,10 +13,11 @@ from django.http import HttpResponse, JsonResponse
 
 from ...catalog.kinds import model_card
 from ...errors import InvalidRequest
+from ...fleet.gather import gather_json
 from ...router import Router
 from ...runtime import get_runtime
 from .. import wants
-from ..auth import require_key
+from ..auth import fleet_hop, require_key
 from ..dialects import OLLAMA
 from ..fields import json_body
 from ..route import api_route
@@ -73,7 +74,22 @@ async def tags(request):
         summary = _summary(router, model, facts)
         models.append({"name": summary["name"], "model": summary["model"], "modified_at": facts.modified_at,
                        "size": facts.disk_bytes, "digest": facts.digest, "details": summary["details"]})
+    listed = {m["name"] for m in models}
+    for row in await _fleet_models(request, "/api/tags"):
+        if row.get("name") not in listed:
+            listed.add(row.get("name"))
+            models.append(row)
     return JsonResponse({"models": models})
+
+
+async def _fleet_models(request, path: str) -> list[dict]:
+    """The other hosts' answers to the same route, where this host is one of a fleet (a hop from
+    another host is answered for this host alone)."""
+    fleet = get_runtime().fleet
+    if fleet is None or fleet.registry is None or fleet_hop(request):
+        return []
+    return [row for _, body in await gather_json(fleet, path) for row in body.get("models", [])
+            if isinstance(row, dict)]
 
 
 def expires_at(row: dict, now: float) -> str:
@@ -105,6 +121,7 @@ async def ps(request):
         size = row["measured_bytes"] or row["size_bytes"]    # unified memory: all of it is the GPU's
         models.append({**_summary(router, model, card(model.path)), "size": size, "size_vram": size,
                        "expires_at": expires_at(row, snapshot["time"]), "context_length": row["context_length"]})
+    models += await _fleet_models(request, "/api/ps")      # a model loaded on two hosts is listed twice
     models.sort(key=lambda m: m["expires_at"], reverse=True)    # Ollama's order: the longest left first
     return JsonResponse({"models": models})
 
@@ -144,7 +161,7 @@ def _modelfile(name: str, path, facts: Card, params: list[tuple[str, Any]]) -> s
     return "\n".join(lines) + "\n"
 
 
-@api_route("POST", auth=require_key, dialect=OLLAMA, wants=wants.model_in_body_here_first)
+@api_route("POST", auth=require_key, dialect=OLLAMA, wants=wants.ollama_model_here_first)
 async def show(request):
     body = json_body(request)
     name = model_field(body)
