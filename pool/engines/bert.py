@@ -37,12 +37,12 @@ class BertConfig:
     def from_dict(cls, config: dict) -> "BertConfig":
         model_type = config.get("model_type")
         if model_type not in SUPPORTED_TYPES:
-            raise ValueError(f"embedding models of type {model_type!r} are not supported "
-                             f"(supported: {', '.join(SUPPORTED_TYPES)})")
+            raise ValueError(f"config.json's model_type is not an embedding architecture this server supports "
+                             f"({', '.join(SUPPORTED_TYPES)})")
         if config.get("position_embedding_type", "absolute") != "absolute":
-            raise ValueError(f"position_embedding_type {config['position_embedding_type']!r} is not supported")
+            raise ValueError("config.json's position_embedding_type is not supported (only `absolute` is)")
         if config.get("hidden_act", "gelu") not in _ACTIVATIONS:
-            raise ValueError(f"hidden_act {config['hidden_act']!r} is not supported")
+            raise ValueError(f"config.json's hidden_act is not supported ({', '.join(_ACTIVATIONS)})")
         names = cls.__dataclass_fields__
         return cls(**{k: v for k, v in config.items() if k in names})
 

@@ -37,7 +37,12 @@ def open_model(path: Path, *, dequantize: bool = False):
     # where the load's wake-up lets the enforcer see it at once.
     tokenizer = tokenizer_for(path, eos)
     _read_ahead(path)
-    model, config = load_model(path, lazy=True)
+    try:
+        model, config = load_model(path, lazy=True)
+    except ValueError as e:
+        if isinstance(e.__cause__, ImportError):   # mlx-lm's words echo the file's value; clients see this
+            raise ValueError("config.json's model_type is not an architecture mlx-lm supports") from e
+        raise
     if dequantize:
         model, config = dequantize_for_cpu(model, config)
     return model, tokenizer, config
