@@ -158,9 +158,23 @@ def test_state_changing_calls_take_only_json(start_asgi_server, make_model, form
                        (f"/admin/model/{TINY}/settings", b'{"is_pinned": true}'),
                        ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}]}'),
                        ("/v1/completions", b'{"model": "tiny", "prompt": "x"}')):
-        r = server.fetch("POST", path, timeout=30, **FORMS[form](body))
+        sent = FORMS[form](body)
+        sent["headers"] = {**sent.get("headers", {}), "Origin": "http://evil.example"}   # a page's post has one
+        r = server.fetch("POST", path, timeout=30, **sent)
         assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_media_type", (path, r.text)
     assert server.model(TINY)["state"] == "unloaded" and server.model(TINY)["pinned"] is False
+
+
+def test_a_script_without_an_origin_may_post_json_untyped(start_asgi_server, make_model):
+    """`curl URL -d '{...}'` (form-encoded by default), as Ollama's and OpenAI's docs write it: no browser
+    sends a POST without an Origin, so the body is read as the JSON it is."""
+    server = start_asgi_server({TINY: make_model("tiny-20", 20)}, demo=False)
+    for path, body in (("/api/generate", b'{"model": "tiny", "prompt": "x", "stream": false, "options": '
+                                         b'{"num_predict": 1}}'),
+                       ("/v1/completions", b'{"model": "tiny", "prompt": "x", "max_tokens": 1}')):
+        r = server.fetch("POST", path, timeout=30, content=body,
+                         headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert r.status_code == 200, (path, r.text)
 
 
 def test_without_a_key_a_cross_site_page_cannot_drive_the_loopback_server(start_asgi_server, make_model):

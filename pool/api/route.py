@@ -24,11 +24,17 @@ def is_json(content_type: str) -> bool:
                                                    and content_type.endswith("+json"))
 
 
+FETCH = "sec-fetch-site"        # a browser's fetch metadata
+
+
 def require_json_body(request) -> None:
     """A page on another site can post a form or text/plain without asking; a JSON body needs a
-    CORS preflight this server never grants. Other methods (DELETE) always need one, so a DELETE
-    without a body (curl's, an SDK's) is taken as it is."""
-    if request.method == "POST" and not is_json(request.content_type or ""):
+    CORS preflight this server never grants. Every browser's POST carries an Origin, so a script's
+    (`curl -d`, as Ollama's docs write it) without one, or with the key, is taken as it is; and other
+    methods (DELETE) always need a preflight."""
+    if request.method != "POST" or key_valid(request.headers) or not (is_browser(request) or FETCH in request.headers):
+        return
+    if not is_json(request.content_type or ""):
         raise InvalidRequest("State-changing calls take a JSON body: send 'Content-Type: application/json' "
                          "(the body may be {}).", code="unsupported_media_type")
 
