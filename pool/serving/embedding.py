@@ -53,6 +53,12 @@ def check_tokens(tokens: Sequence[Sequence[int]], *, max_tokens: int, vocab_size
                              f"(0 to {vocab_size - 1}).", param="input")
 
 
+def truncated(ids: Sequence[int], max_tokens: int) -> list[int]:
+    """An input cut to the model's limit; its last token (the closing special token) kept."""
+    ids = list(ids)
+    return ids if len(ids) <= max_tokens else ids[:max_tokens - 1] + ids[-1:]
+
+
 async def embed(door: Door, model_id: str, spec: EmbeddingSpec) -> Embeddings:
     async with door.acquire(model_id, EMBEDDINGS, keep_alive=spec.keep_alive) as lease:
         entry, engine = lease.entry, lease.engine
@@ -62,6 +68,8 @@ async def embed(door: Door, model_id: str, spec: EmbeddingSpec) -> Embeddings:
             tokens = await asyncio.to_thread(engine.tokenize, spec.inputs)
         except Exception as e:  # noqa: BLE001 - input the tokenizer rejects is the client's to fix
             raise InvalidRequest(f"The model's tokenizer rejected the input: {e}", param="input") from None
+        if spec.truncate:
+            tokens = [truncated(ids, info["max_tokens"]) for ids in tokens]
         check_tokens(tokens, max_tokens=info["max_tokens"], vocab_size=info["vocab_size"], model_id=entry.id)
         vectors = await engine.embed(tokens)
     return Embeddings(entry.id, vectors, sum(len(t) for t in tokens))

@@ -48,3 +48,4 @@ class EmbeddingSpec:
     inputs: tuple[str | tuple[int, ...], ...]
     dimensions: int | None = None
     keep_alive: float | None = None
+    truncate: bool = False          # an input over the model's limit is cut to it (Ollama's default), not a 400

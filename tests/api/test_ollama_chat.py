@@ -192,6 +192,16 @@ def test_embed_and_the_older_embeddings(client):
     assert old.embedding == pytest.approx(result.embeddings[0], abs=1e-5)
 
 
+def test_a_long_input_is_cut_to_the_context_unless_truncate_is_false(client):
+    long = "word " * 600                                # over MiniLM's 256 tokens
+    cut = client.embed(model=MINILM, input=long)
+    assert len(cut.embeddings[0]) == 384 and cut.prompt_eval_count == 256
+    assert client.embeddings(model=MINILM, prompt=long).embedding == pytest.approx(cut.embeddings[0], abs=1e-5)
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.embed(model=MINILM, input=long, truncate=False)
+    assert refused.value.status_code == 400 and "256" in refused.value.error
+
+
 def test_errors_are_ollamas_shape(server):
     r = httpx.post(server.url + "/api/chat", json={"model": "nope", "messages": USER}, timeout=30)
     assert r.status_code == 404 and set(r.json()) == {"error"} and "nope" in r.json()["error"]

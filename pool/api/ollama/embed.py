@@ -1,6 +1,7 @@
 """Ollama's POST /api/embed (`input`: a string or a list; `embeddings`, with its counters) and the
 older POST /api/embeddings (`prompt`: one string; `embedding`), through the router as /v1/embeddings.
-An input longer than the model's context is a 400 (Ollama's `truncate: true` cuts it instead)."""
+An input longer than the model's context is cut to it (Ollama's `truncate`, true by default); with
+`truncate: false` it is a 400."""
 
 from __future__ import annotations
 

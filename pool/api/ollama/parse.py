@@ -237,4 +237,5 @@ def parse_embed(body: dict, *, legacy: bool) -> EmbeddingSpec:
     dimensions = body.get("dimensions")
     if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1):
         raise _bad("dimensions must be a positive integer", "dimensions")
-    return EmbeddingSpec(model=model, inputs=tuple(inputs), dimensions=dimensions, keep_alive=keep_alive(body))
+    return EmbeddingSpec(model=model, inputs=tuple(inputs), dimensions=dimensions, keep_alive=keep_alive(body),
+                         truncate=body.get("truncate", True))
