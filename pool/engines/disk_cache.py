@@ -121,7 +121,8 @@ class DiskCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(self._sizes.values())
+        with self._lock:        # the writer thread adds files meanwhile
+            return sum(self._sizes.values())
 
     @property
     def entries(self) -> int:

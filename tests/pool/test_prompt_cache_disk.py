@@ -208,3 +208,34 @@ def test_a_turn_after_a_finished_one_never_waits_for_a_spill(start_asgi_server, 
     memory = server.pool()["memory"]
     assert memory["prompt_cache_disk_bytes"] == sum(p.stat().st_size for p in files)
     assert memory["prompt_cache_disk_cap_bytes"] == 10**9
+
+
+async def test_a_pressure_shrink_waits_for_its_spills_while_the_engine_serves(demo_model_dir, tmp_path, slowed_writer):
+    """Memory pressure drops the cache: the shrink returns once the entries are written (their memory
+    free), but it waits off the engine thread: a request is answered meanwhile."""
+    import asyncio
+
+    from pool.engines.generator import TextEngine
+    from pool.engines.protocol import PromptCacheOptions, SamplingParams
+    from tests.conftest import as_the_pool_loads
+
+    release, blocked = slowed_writer
+    options = PromptCacheOptions(max_bytes=10**9, max_entries=10, folder=tmp_path / "prompt-cache" / "demo",
+                                 disk_bytes=10**9, disk_total_bytes=10**9)
+    engine = TextEngine("demo", demo_model_dir, load=as_the_pool_loads(demo_model_dir), prompt_cache=options)
+    await engine.load()
+    try:
+        async for _ in engine.generate(engine.encode_text("The knight met the dragon at the bridge."),
+                                       SamplingParams(max_tokens=4)):
+            pass
+        shrink = asyncio.ensure_future(engine.shrink_prompt_cache(cap_bytes=0))
+        assert await asyncio.to_thread(blocked.wait, 60)          # the entry left memory: being written
+        chunks = [c async for c in engine.generate(engine.encode_text("Another story, please."),
+                                                   SamplingParams(max_tokens=4))]
+        assert chunks[-1].finish_reason is not None and not shrink.done()
+        release.set()
+        assert await asyncio.wait_for(shrink, 60) > 0
+        assert served(tmp_path / "prompt-cache" / "demo")
+    finally:
+        release.set()
+        await engine.stop()
