@@ -172,6 +172,13 @@ SETTINGS: list[Setting] = [
     Setting("OMLX_PREFILL_STEP", "512", positive_int,
             "prompt tokens read per step; running streams decode a token between two steps (memory pressure lowers "
             "it)", group=TUNING),
+    Setting("OMLX_WARMUP", "auto", choice("auto", "on", "off"),
+            "after a load, run the shapes the model will serve most (batches up to OMLX_MAX_CONCURRENT, a prompt "
+            "of OMLX_PREFILL_STEP) in the background, so the first requests do not compile kernels; auto = on a "
+            "GPU, off on the CPU backend"),
+    Setting("OMLX_MLX_CACHE_MAX", "1GiB", size_or_keyword("off"),
+            "MLX's buffer cache beyond this is cleared at each enforcer tick, even when memory is ok; off = only "
+            "under pressure", group=TUNING),
     Setting("OMLX_LOAD_GROUP_BYTES", "64MiB", parse_size,
             "weight bytes evaluated at a time while a model loads: smaller groups hold other models' streams up for "
             "less, larger ones load faster", group=TUNING),
@@ -265,6 +272,8 @@ class Settings:
     max_concurrent: int
     queue_per_model: int
     prefill_step: int
+    warmup: str
+    mlx_cache_max: Size
     load_group_bytes: int
     sse_keepalive: float | None
     context_fallback: int

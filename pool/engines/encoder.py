@@ -15,7 +15,6 @@ from typing import Sequence
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten
 
 from .bert import Pooling, open_bert, pool_states, read_pooling
 from .loading import fill_weights
@@ -127,7 +126,6 @@ class EmbeddingEngine(EngineWorker):
             raise LoadAborted("load aborted: process memory pressure")
         self._model = model
         weight_bytes = self._weight_bytes = fill_weights(model, self._load_options.group_bytes)
-        self._watch(model, [w for _, w in tree_flatten(model.parameters())])
         if self.abort_load:
             raise LoadAborted("load aborted: process memory pressure")
         c = model.config

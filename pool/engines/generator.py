@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 from mlx_lm.generate import generation_stream
 from mlx_lm.sample_utils import make_sampler
 
@@ -41,6 +40,7 @@ from .protocol import (
     SamplingParams,
 )
 from .shared_prefill import SharedPrefill
+from .warmup import warm_jobs
 from .worker import EngineWorker, unloaded
 
 log = logging.getLogger(__name__)
@@ -169,12 +169,13 @@ class TextEngine(EngineWorker):
             raise LoadAborted("load aborted: process memory pressure")
         # the weights' own bytes, not MLX's active-memory delta: other engines allocate meanwhile
         weight_bytes = self._weight_bytes = fill_weights(model, self._load_options.group_bytes)
-        self._watch(model, [w for _, w in tree_flatten(model.parameters())])
         self.model_info = model_info(model, config)
         self._prompt_cache = make_prompt_cache_store(self.model_id, self.path, self._cache_options,
                                                      on_written=lambda: self._post(self._update_cache_stats))
         self._stop_tokens = [[t] for t in sorted(tokenizer.eos_token_ids)]
         self._lanes = {KVConfig(): BatchLane(model, KVConfig(), self._stop_tokens)}
+        self._idle_jobs = warm_jobs(lambda: (self._model, self._stop_tokens, self.prefill_step),
+                                    self._load_options, model_id=self.model_id)
         return LoadResult(measured_bytes=weight_bytes,
                           seconds=time.perf_counter() - started, model_info=self.model_info)
 
@@ -391,8 +392,7 @@ class TextEngine(EngineWorker):
         lanes, self._lanes = list(self._lanes.values()), {}
         while lanes:                  # no name is left bound to a lane (and its model) after
             lanes.pop().close()
-        self._prefills = []
-        self._token_text = None
+        self._prefills, self._token_text = [], None
         self._model = self._tokenizer = None
         self._prompt_cache = None     # its entries' KV, the disk tier's unsaved ones too
         self._requests.clear()

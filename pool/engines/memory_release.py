@@ -64,6 +64,14 @@ class Watched:
         self._model = weakref.ref(model) if model is not None else None
         self._arrays = [weakref.ref(a) for a in arrays]
 
+    @classmethod
+    def of(cls, model) -> "Watched":
+        """A model (an mlx.nn.Module) and its parameters; nothing for None."""
+        if model is None:
+            return cls()
+        from mlx.utils import tree_flatten
+        return cls(model, [w for _, w in tree_flatten(model.parameters())])
+
     def held_bytes(self) -> int:
         return sum(a.nbytes for ref in self._arrays if (a := ref()) is not None)
 

@@ -40,6 +40,8 @@ class LoadOptions:
     """How an engine reads its model: decided by the pool (pool/host/engine_pool.py), obeyed here."""
     group_bytes: int = 64 * 2**20     # weight bytes evaluated at a time (OMLX_LOAD_GROUP_BYTES)
     dequantize: bool = False          # serve a quantized model as float32 (the CPU backend, when it fits)
+    warm_batches: tuple[int, ...] = ()   # after the load, batch sizes run once in the background (warmup.py)
+    warm_prompt: int = 0              # and one prompt of this many tokens (0: none)
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ class EngineWorker:
         self._thread: Running | None = None
         self._stop: Stop | None = None
         self._watched = Watched()      # the model and its weights, weakly: proof that a release let go
+        self._idle_jobs: list[Callable[[], None]] = []   # run one at a time while no work waits (a warm-up)
 
     # ---- the event loop's side ----------------------------------------------------------------
 
@@ -115,6 +116,7 @@ class EngineWorker:
                 release_memory()
                 settle(loop, future, error=e)
                 return
+            self._watched = Watched.of(getattr(self, "_model", None))
             settle(loop, future, result)
             self._serve()
         finally:
@@ -122,9 +124,11 @@ class EngineWorker:
 
     def _serve(self) -> None:
         while self._stop is None:
-            self._take_commands(block=not self._has_work())
+            self._take_commands(block=not (self._has_work() or self._idle_jobs))
             if self._stop is None and self._has_work():
                 self._work()
+            elif self._stop is None and self._idle_jobs:
+                self._idle_jobs.pop(0)()     # a command or a request that came meanwhile went first
             self._after_commands()
         stop, self._stop = self._stop, None
         stop.settle(self._measured_release(stop.message))
@@ -194,10 +198,7 @@ class EngineWorker:
 
     def _drop_model(self) -> None:
         """Let go of the model and everything that refers to it; the release (gc, the cache) follows."""
-
-    def _watch(self, model, arrays) -> None:
-        """From `_open`: the model and the weights whose release `_measured_release` checks."""
-        self._watched = Watched(model, arrays)
+        self._idle_jobs = []
 
 
 def _rss() -> int:

@@ -23,6 +23,7 @@ from ..policy.pressure import (
     Lines,
     Readings,
     TickDecision,
+    cache_over_bound,
     classify,
     decide,
     poll_interval,
@@ -152,6 +153,9 @@ class MemoryEnforcer:
         if self.lines is None:
             self.level, self.over_ceiling_polls = Level.OK, 0
             self.actions.adapt_prefill(Level.OK)
+            if cache_over_bound(seen.cache, self._cache_max()):
+                await self.actions.trim_mlx_cache()
+                seen = self.probe.read()
             self._finish(seen)
             return None
         reading, applied = seen, ()
@@ -202,13 +206,20 @@ class MemoryEnforcer:
             self._row_at, self._row_level = now, row["level"]
 
     def _readings(self, reading) -> Readings:
-        return Readings(usage=reading.usage, reclaimable=reading.reclaimable, lines=self.lines)
+        return Readings(usage=reading.usage, reclaimable=reading.reclaimable, lines=self.lines,
+                        mlx_cache=reading.cache, mlx_cache_max=self._cache_max())
+
+    def _cache_max(self) -> int | None:
+        bound = self.conf.mlx_cache_max
+        return None if bound == "off" else int(bound)
 
     # ---- actions: each one pool method ---------------------------------------------------------
 
     async def _apply(self, decision: TickDecision, reading) -> None:
         for action in decision.actions:
-            if action.kind == ActionKind.RECLAIM:
+            if action.kind == ActionKind.RECLAIM and decision.level == Level.OK:
+                await self.actions.trim_mlx_cache()
+            elif action.kind == ActionKind.RECLAIM:
                 await self.actions.reclaim_caches(target_usage=self.lines.soft - 1)
             elif action.kind == ActionKind.UNLOAD:
                 await self.actions.evict(action.model, reason=action.reason or Reason.PRESSURE_SOFT,

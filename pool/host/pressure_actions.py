@@ -67,13 +67,20 @@ class PressureActions:
         then the kept tokenizers, MLX's buffer cache and glibc's free pages. Each shrink is an event;
         returns bytes freed."""
         from ..engines.loading import forget_tokenizers
-        from ..engines.memory_release import reclaim_cache
 
         probe = self.pool.probe
         need = max(0, probe.read().usage - target_usage) if target_usage is not None else 0
         freed_caches = await self._shrink_prompt_caches(free_bytes=need)
-        before = probe.read()
         forget_tokenizers()
+        return freed_caches + await self.trim_mlx_cache()
+
+    async def trim_mlx_cache(self, *, why: str = "") -> int:
+        """Clear MLX's buffer cache and glibc's free pages (at ok, when the cache outgrew
+        OMLX_MLX_CACHE_MAX): an event with what the device got back; returns the bytes freed."""
+        from ..engines.memory_release import reclaim_cache
+
+        probe = self.pool.probe
+        before = probe.read()
         loaded = self.pool.loaded()
         try:
             await (loaded[0].engine.call(reclaim_cache) if loaded else asyncio.to_thread(reclaim_cache))
@@ -83,8 +90,9 @@ class PressureActions:
         freed = max(0, before.usage - after.usage)
         await self.pool.events.record(action=ActionKind.RECLAIM, reason=Reason.CACHE_RECLAIM,
                                       bytes_before=before.usage, bytes_after=after.usage, freed_bytes=freed,
-                                      detail=f"MLX cache {format_bytes(before.cache)} -> {format_bytes(after.cache)}")
-        return freed_caches + freed
+                                      detail=f"MLX cache {format_bytes(before.cache)} -> {format_bytes(after.cache)}"
+                                      + why)
+        return freed
 
     async def _shrink_prompt_caches(self, *, free_bytes: int) -> int:
         cap = int(self.pool.prompt_cache_cap() * self.pool.cache_fraction)

@@ -87,6 +87,8 @@ class Readings:
     usage: int  # bytes counted against the ceiling
     reclaimable: int  # MLX cache + prompt caches: costs nothing to free
     lines: Lines
+    mlx_cache: int = 0  # MLX's buffer cache alone
+    mlx_cache_max: int | None = None  # beyond this it is cleared at any level (OMLX_MLX_CACHE_MAX); None = no bound
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,10 @@ def decide(readings: Readings, models: list[ModelView], *, over_ceiling_polls: i
     level, polls = classify(readings.usage, readings.lines, over_ceiling_polls)
     drained = _unload_drained_marks(models)
     if level == Level.OK:
-        return TickDecision(level, False, tuple(drained), polls)
+        # at ok only MLX's buffer cache, and only beyond its bound: what an unload or a burst left there
+        over = cache_over_bound(readings.mlx_cache, readings.mlx_cache_max)
+        trim = (Action(ActionKind.RECLAIM, reason=Reason.CACHE_RECLAIM),) if over and not reclaimed else ()
+        return TickDecision(level, False, (*drained, *trim), polls)
     if not reclaimed and readings.reclaimable > 0:
         # Freeing the cache costs nothing; evicting a model costs a reload (oMLX #3338).
         reclaim = Action(ActionKind.RECLAIM, reason=Reason.CACHE_RECLAIM)
@@ -128,6 +133,11 @@ def decide(readings: Readings, models: list[ModelView], *, over_ceiling_polls: i
     predicted = readings.usage - sum(m.footprint for m in models if m.id in gone)
     actions = drained + _relieve(level, remaining, predicted, readings.lines.soft)
     return TickDecision(level, True, tuple(actions), polls)
+
+
+def cache_over_bound(mlx_cache: int, bound: int | None) -> bool:
+    """MLX's buffer cache is past OMLX_MLX_CACHE_MAX (None: no bound): cleared at any level."""
+    return bound is not None and mlx_cache > bound
 
 
 def _unload_drained_marks(models: list[ModelView]) -> list[Action]:

@@ -51,8 +51,16 @@ async def test_a_load_that_fails_after_its_weights_lets_them_go(make_model, monk
     not keep the weights read before the failure."""
     import pool.engines.generator as generator
 
+    weights: list[weakref.ref] = []
+    fill = generator.fill_weights
+
+    def watched_fill(model, group_bytes):
+        weights.extend(weakref.ref(w) for _, w in tree_flatten(model.parameters()))
+        return fill(model, group_bytes)
+
     def broken(model, config):
         raise RuntimeError("config unreadable")
+    monkeypatch.setattr(generator, "fill_weights", watched_fill)
     monkeypatch.setattr(generator, "model_info", broken)
     engine = TextEngine("broken", make_model("release-broken", 20, seed=3))
     try:
@@ -62,5 +70,5 @@ async def test_a_load_that_fails_after_its_weights_lets_them_go(make_model, monk
     else:
         raise AssertionError("the load should have failed")
     await asyncio.to_thread(engine._thread.join, 30)
-    assert engine._watched.held_bytes() == 0, engine._watched.holders()
+    assert weights and all(ref() is None for ref in weights)
     assert error.__traceback__ is not None and mx.get_cache_memory() < 5 * 10**6

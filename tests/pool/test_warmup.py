@@ -1,0 +1,58 @@
+"""Shapes warmed at load (issue 22): after a load the engine runs the shapes it will serve most on its
+own thread, one at a time and only while nothing else waits, so a request that arrives meanwhile is
+served first. A random-weight llama, real MLX."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from pool.engines.generator import TextEngine
+from pool.engines.protocol import LoadOptions, SamplingParams
+from pool.host.engine_options import warm_shapes
+
+
+async def test_a_request_arriving_during_the_warm_up_goes_before_the_remaining_shapes(make_model):
+    engine = TextEngine("warm", make_model("warm-20", 20, seed=4),
+                        load=LoadOptions(warm_batches=(2, 3, 4, 5), warm_prompt=32))
+    await engine.load()
+    jobs = len(engine._idle_jobs)                   # first, five shapes, last
+    assert jobs == 7
+    got = [c async for c in engine.generate([5, 6, 7, 8], SamplingParams(max_tokens=6))]
+    # the request waited for at most the shape already running (and never for all of them)
+    assert got and len(engine._idle_jobs) >= jobs - 3
+    for _ in range(600):
+        if not engine._idle_jobs:
+            break
+        await asyncio.sleep(0.1)
+    assert not engine._idle_jobs                    # then the rest ran, in the background
+    assert engine.cache_stats.kv_bytes == 0         # their lanes are gone with their KV
+    assert [c async for c in engine.generate([5, 6, 7, 8], SamplingParams(max_tokens=3))]
+    release = await asyncio.wait_for(engine.stop(), 60)
+    assert release.kept_bytes == 0
+
+
+async def test_an_unload_during_the_warm_up_drops_the_rest(make_model):
+    engine = TextEngine("warm", make_model("warm-20", 20, seed=4), load=LoadOptions(warm_batches=(2, 4, 8, 16),
+                                                                                    warm_prompt=64))
+    await engine.load()
+    release = await asyncio.wait_for(engine.stop(), 60)
+    assert release.kept_bytes == 0 and engine._idle_jobs == []
+
+
+@pytest.mark.parametrize(("warmup", "most", "cpu", "expected"), [
+    ("on", 16, True, {"warm_batches": (2, 4, 8, 16), "warm_prompt": 512}),
+    ("on", 12, False, {"warm_batches": (2, 4, 8, 12), "warm_prompt": 512}),
+    ("on", 1, False, {"warm_batches": (), "warm_prompt": 512}),
+    ("on", 0, False, {"warm_batches": (2, 4, 8, 16), "warm_prompt": 512}),     # no limit: the default's
+    ("auto", 8, False, {"warm_batches": (2, 4, 8), "warm_prompt": 512}),      # a GPU
+    ("auto", 8, True, {}),                                                     # the CPU backend
+    ("off", 8, False, {}),
+])
+def test_the_shapes_follow_the_concurrency_limit_and_the_prefill_step(monkeypatch, warmup, most, cpu, expected):
+    import pool.host.engine_options as options
+
+    monkeypatch.setattr(options, "cpu_backend", lambda: cpu)
+    assert warm_shapes(SimpleNamespace(warmup=warmup, max_concurrent=most, prefill_step=512)) == expected
