@@ -67,6 +67,10 @@ class ModelSettings(models.Model):
     quantized_kv_start = models.PositiveIntegerField(null=True, blank=True, validators=[validate_quantized_kv_start])
     display_name = models.CharField(max_length=255, blank=True, default="")
     notes = models.TextField(blank=True, default="")
+    trace_body_bytes = models.PositiveIntegerField(
+        null=True, blank=True, validators=_between(0, MAX_TOKENS, f"must be at most {MAX_TOKENS}"),
+        help_text="Keep each request's body and answer in its trace, up to this many bytes each "
+                  "(empty or 0 = off). Shown only to staff.")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
