@@ -125,7 +125,7 @@ class EmbeddingEngine(EngineWorker):
         if self.abort_load:
             raise LoadAborted("load aborted: process memory pressure")
         self._model = model
-        weight_bytes = self._weight_bytes = fill_weights(model, self._load_options.group_bytes)
+        weight_bytes = self._weight_bytes = fill_weights(model, self._load_options.group_bytes, self.load_progress)
         if self.abort_load:
             raise LoadAborted("load aborted: process memory pressure")
         c = model.config

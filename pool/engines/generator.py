@@ -168,7 +168,7 @@ class TextEngine(EngineWorker):
         if self.abort_load:
             raise LoadAborted("load aborted: process memory pressure")
         # the weights' own bytes, not MLX's active-memory delta: other engines allocate meanwhile
-        weight_bytes = self._weight_bytes = fill_weights(model, self._load_options.group_bytes)
+        weight_bytes = self._weight_bytes = fill_weights(model, self._load_options.group_bytes, self.load_progress)
         self.model_info = model_info(model, config)
         self._prompt_cache = make_prompt_cache_store(self.model_id, self.path, self._cache_options,
                                                      on_written=lambda: self._post(self._update_cache_stats))

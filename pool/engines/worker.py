@@ -24,6 +24,7 @@ from typing import Any, Callable
 import mlx.core as mx
 import psutil
 
+from .loading import LoadProgress
 from .mailbox import Command, Mailbox, Stop, settle
 from .memory_release import ACCOUNTING, Watched, release_memory, trim_native_heap
 from .protocol import CacheStats, LoadAborted, LoadResult, ReleaseResult, RequestAborted
@@ -45,6 +46,7 @@ class EngineWorker:
         self.path = Path(path)
         self.abort_load = False
         self.model_info: dict = {}
+        self.load_progress = LoadProgress()     # the weight bytes read, for the pool's snapshot
         self.cache_stats = CacheStats()
         self._mailbox = Mailbox()
         self._thread: Running | None = None

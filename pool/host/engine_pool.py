@@ -24,6 +24,7 @@ from ..events import EventLog
 from ..memory import MemoryReading
 from ..policy import idle
 from ..policy.load_plan import LoadPlan, ModelView, auto_model_budget, fits_once_idle, plan_load
+from ..policy.load_progress import LoadRate
 from ..policy.pressure import prefill_step
 from ..policy.vocabulary import ActionKind, Change, Level, ModelState, Reason, Refusal
 from .engine_options import engine_options, prompt_cache_cap, wants_dequantize
@@ -51,6 +52,7 @@ class EnginePool:
         self.entries: dict[str, Entry] = {}
         self.loads_total = 0
         self.load_seconds_total = 0.0
+        self.load_rate = LoadRate()    # this host's weight bytes per second, from its past loads
         self.cache_fraction = 1.0      # of the configured prompt cache cap; memory pressure walks it
         self.prefill_step = prefill_step(Level.OK, conf.prefill_step)   # memory pressure lowers it
         self._tasks: set[asyncio.Task] = set()
@@ -218,6 +220,7 @@ class EnginePool:
         if entry.kind.protocol == GENERATE:
             entry.engine.prefill_step = self.prefill_step
         entry.state, entry.load_started_at, entry.failure = State.LOADING, self.clock(), None
+        entry.load_rate = self.load_rate.bytes_per_second()
         entry.load_note = ("" if plan.with_headroom or not entry.kind.keeps_kv
                            else "loaded without KV headroom: it fits only without it")
         entry.load_future = asyncio.get_running_loop().create_future()
@@ -267,6 +270,7 @@ class EnginePool:
             entry.idle_since = entry.last_access = max(entry.last_access, self.clock())
             self.loads_total += 1
             self.load_seconds_total += result.seconds
+            self.load_rate.record(result.measured_bytes, entry.fill_seconds() or result.seconds)
             future.set_result(entry.engine)
         finally:
             entry.load_started_at = None

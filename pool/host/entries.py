@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..catalog.kinds import CHAT, Kind
+from ..policy import load_progress
 from ..policy.load_plan import ModelView
 from ..policy.redact import without_paths
 from ..policy.vocabulary import ModelState, Reason
@@ -36,6 +37,7 @@ class Entry:
     load_started_at: float | None = None
     load_seconds: float | None = None
     load_note: str = ""
+    load_rate: float = load_progress.DEFAULT_BYTES_PER_SECOND   # the host's, as this load began
     model_settings: dict[str, Any] = field(default_factory=dict)   # its ModelSettings row's values
     load_future: asyncio.Future | None = None
     unload_future: asyncio.Future | None = None
@@ -47,6 +49,20 @@ class Entry:
     @property
     def hidden(self) -> bool:
         return bool(self.model_settings.get("is_hidden"))
+
+    @property
+    def load_progress(self) -> dict | None:
+        """While loading: the weight bytes made resident of the total, and the seconds left at the
+        host's measured rate (the folder's size until the weights begin to fill)."""
+        if self.state != ModelState.LOADING:
+            return None
+        read = getattr(self.engine, "load_progress", None)
+        total = read.bytes_total if read is not None and read.bytes_total else self.size_bytes
+        return load_progress.progress(read.bytes_done if read is not None else 0, total, self.load_rate)
+
+    def fill_seconds(self) -> float | None:
+        """How long the engine's weight fill took (its LoadProgress), once loaded."""
+        return getattr(getattr(self.engine, "load_progress", None), "seconds", None)
 
     def view(self, default_ttl: float | None) -> ModelView:
         ttl = self.ttl_seconds if self.ttl_seconds is not None else default_ttl

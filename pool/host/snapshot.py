@@ -41,6 +41,7 @@ def model_row(entry, view: ModelView, rank: int | None, now: float, cache: Cache
         "keep_alive": entry.keep_alive,
         "lru_rank": rank,
         "loading_seconds": round(now - entry.load_started_at, 1) if entry.load_started_at else None,
+        "load_progress": entry.load_progress,   # {bytes_done, bytes_total, eta_seconds} while loading
         "load_seconds": _rounded(entry.load_seconds),
         "load_note": entry.load_note,
         "failure": entry.failure,
