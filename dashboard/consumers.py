@@ -79,6 +79,9 @@ class PoolConsumer(AsyncJsonWebsocketConsumer):
     async def pool_snapshot(self, event):
         await self.send(text_data=event["text"])  # encoded once by the broadcaster
 
+    async def pool_requests(self, event):
+        await self.send(text_data=event["text"])  # the requests message (pool/traces), encoded once
+
     async def fleet_host(self, event):
         await self.send(text_data=fleet.host_message(event["text"]))   # the record as published, wrapped
 

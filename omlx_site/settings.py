@@ -44,6 +44,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "pool",
+    "pool.traces.apps.TracesConfig",
     "dashboard",
 ]
 

@@ -202,6 +202,10 @@ SETTINGS: list[Setting] = [
             "days a stored /v1/responses answer is kept for `previous_response_id` and GET; 0 = none stored"),
     Setting("OMLX_RESPONSES_MAX", "10000", non_negative_int,
             "stored /v1/responses answers kept at most (the oldest go first); 0 = no cap"),
+    Setting("OMLX_TRACES", "on", flag, "keep a trace of every model request (`off`: none, nor their histograms)"),
+    Setting("OMLX_TRACE_ROWS", "100000", non_negative_int,
+            "request traces kept at most (the oldest go first); 0 = no cap"),
+    Setting("OMLX_TRACE_DAYS", "7", float, "days a request trace is kept"),
     Setting("OMLX_DB_BUSY_TIMEOUT", "5", parse_duration,
             "seconds a settings write waits for another process's database lock before a 503 `database_busy` "
             "(Retry-After)", group=TUNING),
@@ -285,6 +289,9 @@ class Settings:
     telemetry_days: float
     responses_days: float
     responses_max: int
+    traces: bool
+    trace_rows: int
+    trace_days: float
     db_busy_timeout: float
     storage_settle: float
     prompt_cache_bytes: Size

@@ -32,6 +32,7 @@ class Runtime:
         from .observe.metrics import Metrics
         from .observe.telemetry import Telemetry
         from .services import record_event
+        from .traces.registry import Traces
 
         self.settings = get_settings()
         self.probe = make_probe(self.settings)
@@ -45,6 +46,8 @@ class Runtime:
         self.probe.prompt_cache_bytes = self.host.pool.prompt_cache_bytes   # reclaimable, for the enforcer
         self.router = Router([self.host])
         self.broadcaster = Broadcaster(self)
+        self.traces = Traces(self.settings, metrics=self.metrics, on_change=self.broadcaster.requests_changed)
+        self.events.subscribe(self.traces.on_pool_change)
         self.fleet = None
         if self.settings.redis_url or self.settings.database_url:
             from .fleet.member import FleetMember
@@ -109,6 +112,7 @@ class Runtime:
         await self.host.stop()
         self.telemetry.close()
         await self.events.close()       # history rows the database could not take yet: a last try
+        await asyncio.to_thread(self.traces.close)    # the traces handed over are written first
         self.broadcaster.close()
 
 

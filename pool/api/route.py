@@ -12,6 +12,7 @@ from django.views.decorators.csrf import csrf_exempt
 from ..errors import InvalidRequest, PoolError
 from ..fleet.routing import fleet_routes, route
 from ..runtime import ready_runtime
+from . import tracing
 from .auth import fleet_hop, is_browser, key_valid, needs_csrf_check
 from .dialects import OPENAI, Dialect
 from .errors import MethodNotAllowed, error_response, internal_error, stream_error
@@ -75,7 +76,7 @@ def api_route(*methods: str, auth=None, dialect: Dialect = OPENAI, wants=None):
                         request, want, hop=hop, stream_error=lambda e: stream_error(e, dialect))
                     if answer is not None:
                         return answer
-                return await view(request, *args, **kwargs)
+                return await tracing.run(view, request, args, kwargs, dialect)
             except PoolError as e:
                 return error_response(e, dialect)
             except Exception as e:  # noqa: BLE001 - never a traceback in a body

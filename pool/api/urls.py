@@ -5,7 +5,7 @@ from .ollama import chat as ollama_chat
 from .ollama import embed as ollama_embed
 from .ollama import info as ollama
 from .openai import chat, embeddings, models
-from .operator import pool_routes, telemetry_routes
+from .operator import pool_routes, request_routes, telemetry_routes
 from .responses import routes as responses
 
 urlpatterns = [
@@ -41,6 +41,11 @@ urlpatterns = [
     path("api/telemetry", telemetry_routes.telemetry),
     path("api/enforcer/tick", pool_routes.enforcer_tick),
     path("api/rediscover", pool_routes.rediscover),
+    path("api/requests", request_routes.requests),
+    path("api/requests/live", request_routes.live),
+    path("api/requests/summary", request_routes.summary),
+    path("api/requests/<str:trace_id>", request_routes.one),
+    path("api/requests/<str:trace_id>/cancel", request_routes.cancel),
     path("api/models/<path:model_id>/load", pool_routes.load_model),
     path("api/models/<path:model_id>/unload", pool_routes.unload_model),
     path("api/models/<path:model_id>/load-plan", pool_routes.load_plan),

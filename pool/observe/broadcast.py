@@ -6,6 +6,7 @@ messages when a channel is full, and the next snapshot repairs any loss."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import logging
 import re
@@ -16,6 +17,7 @@ from ..strict_json import dumps_finite
 log = logging.getLogger(__name__)
 
 MIN_INTERVAL = 0.1
+REQUESTS_INTERVAL = 0.5     # the requests message: at most this often, while any request runs
 
 
 def pool_group(host_id: str) -> str:
@@ -31,6 +33,8 @@ class Broadcaster:
         self._pending: asyncio.TimerHandle | None = None
         self._last = 0.0
         self._task: asyncio.Task | None = None
+        self._requests: asyncio.Task | None = None
+        self._requests_dirty = False
 
     def schedule(self) -> None:
         """Publish soon: at once if the last one was over 100 ms ago, else when that is true."""
@@ -62,7 +66,36 @@ class Broadcaster:
         except Exception:
             log.exception("could not publish the snapshot")
 
+    def requests_changed(self) -> None:
+        """A request began, ended or was cancelled: the requests message (pool/traces) goes out soon,
+        then every REQUESTS_INTERVAL while any request runs (their phases move), whole each time."""
+        self._requests_dirty = True
+        if self._requests is not None and not self._requests.done():
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._requests = loop.create_task(self._send_requests(), context=contextvars.Context())
+
+    async def _send_requests(self) -> None:
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        traces = self.runtime.traces
+        while self._requests_dirty or traces.busy:
+            self._requests_dirty = False
+            if layer is not None and _has_listeners(layer, self.group):
+                try:
+                    text = dumps_finite(traces.message())
+                    await layer.group_send(self.group, {"type": "pool.requests", "text": text})
+                except Exception:
+                    log.exception("could not publish the requests")
+            await asyncio.sleep(REQUESTS_INTERVAL)
+
     def close(self) -> None:
+        if self._requests is not None:
+            self._requests.cancel()
         if self._pending is not None:
             self._pending.cancel()
             self._pending = None

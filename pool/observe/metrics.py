@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
@@ -53,6 +53,9 @@ KV_COUNTERS = (
     ("prompt_tokens_saved", "prompt_tokens_saved", "Prompt tokens taken from the cache, since the model loaded."),
 )
 
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+RATE_BUCKETS = (1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 200, 300, 500, 1000)
+
 
 def _per_model(models: list[dict], rows, family):
     for name, key, doc in rows:
@@ -72,6 +75,14 @@ class Metrics:
         self.evictions = Counter("evictions", "Models unloaded, by reason.", ["reason"], registry=self.registry)
         self.admission_rejections = Counter("admission_rejections", "Requests refused by admission, by reason.",
                                             ["reason"], registry=self.registry)
+        # request traces (pool/traces): labelled by model and key name, both bounded
+        labels = ["model", "key"]
+        self.ttft = Histogram("request_ttft_seconds", "Time to first token, from the request's arrival.", labels,
+                              buckets=TTFT_BUCKETS, registry=self.registry)
+        self.queue_wait = Histogram("request_queue_wait_seconds", "Time a request waited at the gate and for a "
+                                    "concurrency slot.", labels, buckets=TTFT_BUCKETS, registry=self.registry)
+        self.decode_rate = Histogram("request_decode_tokens_per_second", "Tokens per second after the first one.",
+                                     labels, buckets=RATE_BUCKETS, registry=self.registry)
         self._snapshot = snapshot
 
     def watch(self, pool) -> None:
@@ -86,6 +97,15 @@ class Metrics:
 
     def request_started(self, model: str) -> None:
         self.requests.labels(model=model).inc()
+
+    def request_traced(self, *, model: str, key: str, ttft: float | None, queue_wait: float,
+                       decode_tps: float | None) -> None:
+        """A finished request's trace (pool/traces/registry.py)."""
+        if ttft is not None:
+            self.ttft.labels(model=model, key=key).observe(ttft)
+        self.queue_wait.labels(model=model, key=key).observe(queue_wait)
+        if decode_tps is not None:
+            self.decode_rate.labels(model=model, key=key).observe(decode_tps)
 
     def record_event(self, reason: str, *, eviction: bool = False) -> None:
         self.events.labels(reason=reason).inc()

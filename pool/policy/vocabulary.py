@@ -99,4 +99,13 @@ class Change(StrEnum):
     TICK = "tick"
 
 
+class Phase(StrEnum):
+    """Where a request is on its way (its trace's `phase`, pool/traces)."""
+    QUEUED = "queued"              # at the gate (memory pressure) or waiting for a concurrency slot
+    LOADING = "loading"            # waiting for its model's load
+    PREFILLING = "prefilling"      # its prompt is being read
+    DECODING = "decoding"          # tokens are coming
+    DONE = "done"
+
+
 RESIDENT_STATES = (ModelState.LOADED, ModelState.LOADING)

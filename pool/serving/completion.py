@@ -13,7 +13,7 @@ Routes parse and frame; they never see an engine."""
 from __future__ import annotations
 
 import asyncio
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, aclosing
 from typing import Any, AsyncIterator
 
 from jinja2 import TemplateError
@@ -29,6 +29,8 @@ from ..tools.formats import ToolFormat, request_format, tool_format
 from ..tools.prompt import prepare_messages
 from ..tools.request import ToolRequest
 from ..tools.stream import ToolStream, split_tool_calls
+from ..traces.flow import cancelled_error, settled, traced, was_cancelled
+from ..traces.trace import current as current_trace
 from .constraints import UnsupportedSchema, tool_calls
 from .door import Door, engine_errors
 from .specs import CompletionSpec
@@ -50,6 +52,7 @@ class Completion:
         self.tool_format = tool_format
         self.tool_request = tool_request
         self._engine, self._tokens, self._params, self._stack = engine, tokens, params, stack
+        self.trace = current_trace.get()
 
     def tool_stream(self) -> ToolStream | None:
         """A parser of one choice's text into content and tool calls, when the answer is to be
@@ -68,10 +71,16 @@ class Completion:
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         with engine_errors():
-            async for chunk in self._engine.generate(self._tokens, self._params):
-                yield chunk
+            chunks = self._engine.generate(self._tokens, self._params)
+            if self.trace is not None:
+                chunks = traced(self.trace, chunks)
+            async with aclosing(chunks):
+                async for chunk in chunks:
+                    yield chunk
 
     async def aclose(self) -> None:
+        if self.trace is not None:
+            settled(self.trace, self._engine, self._params)
         await self._stack.aclose()
 
     async def __aenter__(self) -> "Completion":
@@ -108,10 +117,15 @@ async def open_completion(door: Door, model_id: str, spec: CompletionSpec) -> Co
         door.gate.check_prefill(entry.id, engine.model_info, len(tokens) * spec.n, door.pool.views(),
                                 param=spec.prompt_param, live_kv_bytes=door.pool.live_kv_bytes(), kv=kv)
         shown = tool_request is not None and tool_request.shown
+        if (trace := current_trace.get()) is not None:
+            trace.task = None
+            trace.prefilling(len(tokens))
         return Completion(entry.id, engine, tokens, _sampling(spec, entry.model_settings, kv, max_tokens, constraint),
                           stack, tool_format=fmt if shown else None, tool_request=tool_request)
     except BaseException as e:
         await stack.aclose()
+        if was_cancelled(current_trace.get(), e):
+            raise cancelled_error() from None
         if tokens is not None and isinstance(e, InvalidRequest):
             # what tokenising a refused prompt freed stays in glibc's heap until trimmed
             tokens = None

@@ -8,6 +8,8 @@ embedding.py) share it; `engine_errors` is the one mapping of an engine's errors
 
 from __future__ import annotations
 
+import asyncio
+import time
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator
@@ -18,7 +20,8 @@ from ..errors import Busy, EngineFailure, ModelQueueFull, WrongKind
 from ..host.engine_pool import EnginePool
 from ..host.entries import Entry
 from ..host.gate import RequestGate
-from ..policy.vocabulary import Change, Rejection
+from ..policy.vocabulary import Change, ModelState, Phase, Rejection
+from ..traces.trace import current as current_trace
 from .slots import ModelSlots
 
 
@@ -62,14 +65,27 @@ class Door:
                       check: Callable[[Entry], None] | None = None) -> AsyncIterator[Lease]:
         """Hold the model for one request (see the module's docstring). `check` runs on the entry
         before any wait (a prompt too long for the model, say); `slot=False` takes no concurrency
-        slot (counting tokens generates nothing)."""
+        slot (counting tokens generates nothing). The request's trace, if any, notes its waits."""
+        trace = current_trace.get()
+        if trace is not None:
+            trace.model, trace.host, trace.task = model_id, self.pool.conf.host_id, asyncio.current_task()
         entry = self.entry(model_id, kind)
         if check is not None:
             check(entry)
         if slot:
             self._refuse_if_queue_full(entry.id)
+        waited = time.perf_counter()
         await self.gate.admit()
+        if trace is not None:
+            trace.body_cap = int(entry.model_settings.get("trace_body_bytes") or 0)
+            trace.admission_s, waited = time.perf_counter() - waited, time.perf_counter()
+            if entry.state != ModelState.LOADED:
+                trace.phase, trace.load_model = Phase.LOADING, entry.id
         async with self.pool.lease(entry.id, keep_alive=keep_alive) as engine:
+            if trace is not None:
+                if trace.load_model is not None:
+                    trace.load_s, trace.phase = time.perf_counter() - waited, Phase.QUEUED
+                waited = time.perf_counter()
             # The slot is taken after the lease. A request queues only while the model runs its
             # limit, whose leases keep it loaded anyway, so a queued request's lease neither loads
             # the model nor keeps it busy longer than its running requests do. Taken before the
@@ -78,6 +94,8 @@ class Door:
             # in a loop). Unwinding hands the slot on before this request's lease ends.
             if slot:
                 await self._take_slot(entry.id)
+            if trace is not None and slot:
+                trace.slot_s = time.perf_counter() - waited
             try:
                 if entry.engine is not engine:
                     raise Busy(f"The model '{entry.id}' was unloaded while the request waited; retry.",
