@@ -12,7 +12,7 @@ from .catalog.kinds import Kind
 from .catalog.names import resolve_name
 from .errors import ModelNotFound
 from .host.protocol import Host, ModelRecord
-from .serving.specs import CompletionSpec, EmbeddingSpec
+from .serving.specs import CompletionSpec, EmbeddingSpec, scoped
 
 if TYPE_CHECKING:
     from .serving.completion import Completion
@@ -76,7 +76,7 @@ class Router:
 
     async def generate(self, spec: CompletionSpec) -> "Completion":
         target = self.resolve(spec.model)
-        return await target.host.generate(target.model_id, spec)
+        return await target.host.generate(target.model_id, scoped(spec))   # the request's prompt cache scope
 
     async def count_tokens(self, spec: CompletionSpec) -> int:
         target = self.resolve(spec.model)

@@ -9,7 +9,9 @@ files go until it fits the model's cap, then any model's until it fits the tier'
 the tier.
 
 Every file carries its tokens and the model's fingerprint (config and weight files' names, sizes
-and times) in its safetensors metadata: a changed model folder invalidates its entries. Files are
+and times) in its safetensors metadata: a changed model folder invalidates its entries. An entry of
+an API key's scope (prompt_cache.py) records the scope there too, and in the index, and is named by
+it: after a restart a request still finds only its own scope's files. Files are
 written to a temporary name and renamed, so a kill during a spill never leaves a half file under a
 served name; a file that does not load (truncated, corrupt) is deleted and counted as a miss. At
 start, partial files and files the index does not name (a kill between the rename and the index
@@ -83,6 +85,7 @@ class DiskCache:
     tier: DiskTier | None = None      # the total across models; None: this folder's cap only
     stats: DiskStats = field(default_factory=DiskStats)
     _index: dict[str, list[int]] = field(default_factory=dict)   # file name -> its tokens
+    _scopes: dict[str, str] = field(default_factory=dict)        # file name -> its scope, when not shared
     _sizes: dict[str, int] = field(default_factory=dict)         # file name -> its bytes
 
     def __post_init__(self):
@@ -108,6 +111,9 @@ class DiskCache:
         self._index = {name: tokens for name, tokens in (entries if isinstance(entries, dict) else {}).items()
                        if ENTRY.match(name) and (self.folder / name).exists()}
         self._sizes = {name: self._size(name) for name in self._index}
+        scopes = index.get("scopes")
+        self._scopes = {name: scope for name, scope in (scopes if isinstance(scopes, dict) else {}).items()
+                        if name in self._index and isinstance(scope, str)}
         for orphan in self.folder.iterdir():
             # a spill a kill cut short, one never indexed, or another fingerprint's: only our own names
             if (PARTIAL.match(orphan.name) or ENTRY.match(orphan.name)) and orphan.name not in self._index:
@@ -128,16 +134,19 @@ class DiskCache:
     def entries(self) -> int:
         return len(self._index)
 
-    def holds(self, tokens: list[int]) -> bool:
-        return entry_stem(list(tokens)) + SUFFIX in self._index
+    def holds(self, tokens: list[int], scope: str | None = None) -> bool:
+        return entry_stem(list(tokens), scope) + SUFFIX in self._index
 
-    def put(self, tokens: list[int], cache: list[Any]) -> bool:
+    def put(self, tokens: list[int], cache: list[Any], scope: str | None = None) -> bool:
         """Write one entry now, on this thread (tests; the prompt cache spills through `prepare`)."""
-        return self.write(self.prepare(tokens, cache))
+        return self.write(self.prepare(tokens, cache, scope))
 
-    def prepare(self, tokens: list[int], cache: list[Any]) -> Spill:
+    def prepare(self, tokens: list[int], cache: list[Any], scope: str | None = None) -> Spill:
         """On the engine thread: the entry ready for `write` on any thread."""
-        return prepare(list(tokens), cache, {"tokens": json.dumps(list(tokens)), "fingerprint": self.fingerprint})
+        metadata = {"tokens": json.dumps(list(tokens)), "fingerprint": self.fingerprint}
+        if scope is not None:
+            metadata["scope"] = scope
+        return prepare(list(tokens), cache, metadata, scope)
 
     def write(self, spill: Spill) -> bool:
         """Write a prepared entry, making only the room it needs; False when it was not written."""
@@ -163,6 +172,8 @@ class DiskCache:
             return False
         with self._lock:
             self._index[name] = list(spill.tokens)
+            if spill.scope is not None:
+                self._scopes[name] = spill.scope
             self._sizes[name] = self._size(name)
             if self.tier is not None:
                 self.tier.added(self.folder / name)
@@ -190,20 +201,22 @@ class DiskCache:
         storage.health.failed(storage.Component.PROMPT_CACHE, fault or storage.fault_of(error, self.folder),
                               f"a spill for {self.folder.name}: {error}")
 
-    def longest_prefix(self, tokens: list[int]) -> tuple[str, int] | None:
-        """(file, tokens it shares with `tokens`) of the entry sharing the most, or None."""
+    def longest_prefix(self, tokens: list[int], scope: str | None = None) -> tuple[str, int] | None:
+        """(file, tokens it shares with `tokens`) of `scope`'s entry sharing the most, or None."""
         with self._lock:
-            best = max(((name, common_prefix(stored, tokens)) for name, stored in self._index.items()),
-                       key=lambda item: item[1], default=None)
+            best = max(((name, common_prefix(stored, tokens)) for name, stored in self._index.items()
+                        if self._scopes.get(name) == scope), key=lambda item: item[1], default=None)
         return best if best and best[1] > 0 else None
 
-    def load(self, name: str) -> tuple[list[int], list[Any]] | None:
-        """(tokens, cache) of one file; a file that does not load or belongs elsewhere is deleted."""
+    def load(self, name: str, scope: str | None = None) -> tuple[list[int], list[Any]] | None:
+        """(tokens, cache) of one file of `scope`; a file that does not load or belongs elsewhere is deleted."""
         path = self.folder / name
         try:
             cache, metadata = load_prompt_cache(str(path), return_metadata=True)
             if metadata.get("fingerprint") != self.fingerprint:
                 raise ValueError("written for other weights")
+            if metadata.get("scope") != scope:
+                raise ValueError("written for another API key's scope")
             tokens = json.loads(metadata["tokens"])
         except Exception as e:  # noqa: BLE001 - any unreadable file is a miss, never a client error
             log.warning("dropping prompt cache file %s: %s", path, e)
@@ -222,6 +235,7 @@ class DiskCache:
 
     def _forget(self, name: str, *, write: bool = True) -> None:
         self._index.pop(name, None)
+        self._scopes.pop(name, None)
         self._sizes.pop(name, None)
         with contextlib.suppress(OSError):   # a read-only folder: forgotten all the same
             (self.folder / name).unlink(missing_ok=True)
@@ -233,7 +247,8 @@ class DiskCache:
     def _write_index(self) -> bool:
         tmp = self.folder / "index.json.tmp"
         try:
-            tmp.write_text(json.dumps({"fingerprint": self.fingerprint, "entries": self._index}))
+            tmp.write_text(json.dumps({"fingerprint": self.fingerprint, "entries": self._index,
+                                       "scopes": self._scopes}))
             os.replace(tmp, self.folder / "index.json")
         except OSError as e:    # the files stay; a restart that finds them unnamed deletes them
             fault = storage.fault_of(e, self.folder)

@@ -199,7 +199,7 @@ class TextEngine(EngineWorker):
                 mx.random.seed(p.seed)
             cache, cached = None, 0
             if p.cache_prompt and p.kv.default and self._prompt_cache is not None:
-                cache, cached = self._prompt_cache.fetch(req.tokens)
+                cache, cached = self._prompt_cache.fetch(req.tokens, scope=p.cache_scope)
             for choice in choices:
                 choice.cached_tokens = cached
             if len(choices) == 1:
@@ -291,7 +291,7 @@ class TextEngine(EngineWorker):
         # one choice's KV is enough for the next turn, whichever choice the client keeps
         if req.params.cache_prompt and req.params.kv.default and self._prompt_cache is not None and cache \
                 and req.index == 0:
-            self._prompt_cache.store(list(tokens), cache)
+            self._prompt_cache.store(list(tokens), cache, scope=req.params.cache_scope)
 
     def _abort_all(self, error: BaseException) -> None:
         waiting = [req for job in self._prefills for req in job.requests]

@@ -13,7 +13,11 @@ process's writer thread (spill.py): the engine thread only takes byte views of t
 so a spill never delays a request, and a request that needs an entry still being written takes it
 from memory (`_pending`). At most the cache's cap in bytes waits to be written; an entry beyond that
 is dropped and counted (`spills_dropped`). An unload waits for its spills (the memory it measures
-as released must be free), and a pressure shrink waits for them off the engine thread."""
+as released must be free), and a pressure shrink waits for them off the engine thread.
+
+Entries have a scope (a request's API key's name, or None: shared; pool/keys): a request reuses only
+its own scope's prefixes, in memory, while written and on disk (whose files record their scope), so
+no client learns from a hit (`cached_tokens`, a shorter time to the first token) what another sent."""
 
 from __future__ import annotations
 
@@ -34,7 +38,15 @@ from .spill import WRITER, Writer
 
 log = logging.getLogger(__name__)
 
-KEY = "model"   # LRUPromptCache keys entries by model too; one store serves one model
+KEY = "model"   # LRUPromptCache keys entries by model too; one store serves one model, and it keys scopes
+
+
+def _key(scope: str | None) -> Any:
+    return KEY if scope is None else (KEY, scope)
+
+
+def _scope(key: Any) -> str | None:
+    return None if key == KEY else key[1]
 
 
 @dataclass
@@ -49,13 +61,13 @@ class _EvictionTrie(PromptTrie):
     """PromptTrie whose `pop` (LRUPromptCache's only way to drop an entry for space) tells us what
     went, so it can be written to disk instead of lost."""
 
-    def __init__(self, on_evict: Callable[[list[int], list[Any]], None]):
+    def __init__(self, on_evict: Callable[[str | None, list[int], list[Any]], None]):
         super().__init__()
         self.on_evict = on_evict
 
     def pop(self, model, tokens):
         entry = super().pop(model, tokens)
-        self.on_evict(list(tokens), entry.prompt_cache)
+        self.on_evict(_scope(model), list(tokens), entry.prompt_cache)
         return entry
 
 
@@ -65,6 +77,7 @@ class _Pending:
     tokens: list[int]
     cache: list[Any]
     nbytes: int
+    scope: str | None
 
 
 class PromptCache:
@@ -80,13 +93,14 @@ class PromptCache:
         self._spills = itertools.count()
         self._written = threading.Condition()      # the writer settles `_pending` under it
         # the trie is LRUPromptCache's; replacing it is the one hook it offers for its evictions
-        self._lru._trie = _EvictionTrie(on_evict or self._evicted)
+        self._lru._trie = _EvictionTrie((lambda scope, tokens, cache: on_evict(tokens, cache)) if on_evict
+                                        else self._evicted)
         self.stats = PromptCacheStats()
         self.on_written: Callable[[], None] | None = None   # called on the writer thread after each spill
 
-    def _evicted(self, tokens: list[int], cache: list[Any]) -> None:
+    def _evicted(self, scope: str | None, tokens: list[int], cache: list[Any]) -> None:
         """On the engine thread: an entry left memory; hand it to the writer unless it is on disk."""
-        if self.disk is None or self.disk.holds(tokens):
+        if self.disk is None or self.disk.holds(tokens, scope):
             return
         nbytes = sum(c.nbytes for c in cache)
         with self._written:
@@ -94,14 +108,14 @@ class PromptCache:
                 self.stats.spills_dropped += 1
                 return
         try:
-            spill = self.disk.prepare(tokens, cache)
+            spill = self.disk.prepare(tokens, cache, scope)
         except Exception:    # an entry that cannot be saved is only not on disk
             log.exception("a prompt cache entry could not be prepared for the disk tier")
             self.stats.spills_dropped += 1
             return
         number = next(self._spills)
         with self._written:
-            self._pending[number] = _Pending(list(tokens), cache, nbytes)
+            self._pending[number] = _Pending(list(tokens), cache, nbytes, scope)
             self._pending_bytes += nbytes
         disk = self.disk
 
@@ -141,18 +155,19 @@ class PromptCache:
     def cap_bytes(self) -> int:
         return self._lru.max_bytes
 
-    def fetch(self, tokens: list[int]) -> tuple[list[Any] | None, int]:
-        """(a private copy of the longest cached prefix's KV, how many tokens it covers). At least
-        one token is always left to compute: the model must see one to give the next logits."""
-        cache, rest = self._lru.fetch_nearest_cache(KEY, tokens)
+    def fetch(self, tokens: list[int], *, scope: str | None = None) -> tuple[list[Any] | None, int]:
+        """(a private copy of the longest cached prefix of `scope`'s entries, how many tokens it
+        covers). At least one token is always left to compute: the model must see one to give the
+        next logits."""
+        cache, rest = self._lru.fetch_nearest_cache(_key(scope), tokens)
         if cache is not None and not rest:
             trim_prompt_cache(cache, 1)
             rest = tokens[-1:]
         cached = len(tokens) - len(rest) if cache is not None else 0
         if self._pending:
-            cache, cached = self._from_pending(tokens, cache, cached)
+            cache, cached = self._from_pending(tokens, cache, cached, scope)
         if self.disk is not None:
-            cache, cached = self._from_disk(tokens, cache, cached)
+            cache, cached = self._from_disk(tokens, cache, cached, scope)
         if cache is None:
             self.stats.misses += 1
             return None, 0
@@ -160,10 +175,10 @@ class PromptCache:
         self.stats.tokens_saved += cached
         return cache, cached
 
-    def _from_pending(self, tokens: list[int], cache, cached: int):
+    def _from_pending(self, tokens: list[int], cache, cached: int, scope: str | None):
         """An entry still being written, when it covers more of the prompt: a copy, from memory."""
         with self._written:
-            candidates = list(self._pending.values())
+            candidates = [p for p in self._pending.values() if p.scope == scope]
         best = max(((p, min(common_prefix(p.tokens, tokens), len(tokens) - 1)) for p in candidates),
                    key=lambda item: item[1], default=None)
         if best is None or best[1] <= cached:
@@ -176,12 +191,12 @@ class PromptCache:
             trim_prompt_cache(copied, len(pending.tokens) - usable)
         return copied, usable
 
-    def _from_disk(self, tokens: list[int], cache, cached: int):
+    def _from_disk(self, tokens: list[int], cache, cached: int, scope: str | None):
         """The disk tier's entry instead, when it covers more of the prompt than memory does."""
-        best = self.disk.longest_prefix(tokens)
+        best = self.disk.longest_prefix(tokens, scope)
         if best is None or min(best[1], len(tokens) - 1) <= cached:
             return cache, cached
-        loaded = self.disk.load(best[0])
+        loaded = self.disk.load(best[0], scope)
         if loaded is None:
             return cache, cached
         stored, disk_cache = loaded
@@ -192,9 +207,9 @@ class PromptCache:
             trim_prompt_cache(disk_cache, len(stored) - usable)
         return disk_cache, usable
 
-    def store(self, tokens: list[int], cache: list[Any]) -> None:
+    def store(self, tokens: list[int], cache: list[Any], *, scope: str | None = None) -> None:
         if tokens and cache:
-            self._lru.insert_cache(KEY, list(tokens), cache)
+            self._lru.insert_cache(_key(scope), list(tokens), cache)
 
     def set_cap(self, cap_bytes: int) -> int:
         """Move the cap (memory pressure walks it); entries over it go, least recently used first.

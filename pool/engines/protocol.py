@@ -70,6 +70,7 @@ class SamplingParams:
     repetition_penalty: float | None = None
     logprobs: int | None = None    # None: off; k: each token's logprob and the k most likely
     constraint: Any = None         # has make_processor(tokenizer) -> a logits processor
+    cache_scope: str | None = None  # prompt cache entries it may reuse and makes: its API key's (None: shared)
 
     @property
     def processed(self) -> bool:

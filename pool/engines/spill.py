@@ -34,9 +34,10 @@ DTYPES = {mx.bool_: "BOOL", mx.uint8: "U8", mx.int8: "I8", mx.uint16: "U16", mx.
           mx.bfloat16: "BF16", mx.float32: "F32", mx.float64: "F64"}
 
 
-def entry_stem(tokens: list[int]) -> str:
-    """The file name (without suffix) of the entry for `tokens`."""
-    return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:24]
+def entry_stem(tokens: list[int], scope: str | None = None) -> str:
+    """The file name (without suffix) of the entry for `tokens` in `scope` (an API key's, or shared)."""
+    named = tokens if scope is None else [scope, tokens]
+    return hashlib.sha256(json.dumps(named).encode()).hexdigest()[:24]
 
 
 class _UsedRows:
@@ -80,10 +81,11 @@ class Spill:
     header: bytes
     parts: list[memoryview]
     nbytes: int      # the whole file's size
+    scope: str | None = None
 
     @property
     def stem(self) -> str:
-        return entry_stem(self.tokens)
+        return entry_stem(self.tokens, self.scope)
 
     def write_to(self, path: Path) -> None:
         with open(path, "wb") as f:
@@ -97,7 +99,7 @@ def write_part(f, part: memoryview) -> None:
     f.write(part)
 
 
-def prepare(tokens: list[int], cache: list[Any], metadata: dict[str, str]) -> Spill:
+def prepare(tokens: list[int], cache: list[Any], metadata: dict[str, str], scope: str | None = None) -> Spill:
     """On the engine thread: `cache` as save_prompt_cache would save it, without padding."""
     scalars: list[Any] = [""]     # save_prompt_cache's layout: non-empty, or tree_flatten drops it
     arrays: list[tuple[str, mx.array, int | None]] = []
@@ -131,7 +133,7 @@ def prepare(tokens: list[int], cache: list[Any], metadata: dict[str, str]) -> Sp
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)       # the data starts 8-byte aligned
     head = len(text).to_bytes(8, "little") + text
-    return Spill(list(tokens), head, parts, len(head) + offset)
+    return Spill(list(tokens), head, parts, len(head) + offset, scope)
 
 
 class Writer:

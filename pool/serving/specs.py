@@ -3,8 +3,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+# The prompt cache scope of the request being served (its API key's: pool/api/route.py sets it); the
+# router gives it to every CompletionSpec (`scoped`), so no route can forget it.
+REQUEST_CACHE_SCOPE: ContextVar[str | None] = ContextVar("omlx_cache_scope", default=None)
 
 
 @dataclass(frozen=True)
@@ -32,10 +37,18 @@ class CompletionSpec:
     tool_choice: Any = None
     parallel_tool_calls: bool = True
     context_limit: int | None = None           # the context this request may use (Ollama's num_ctx), <= the model's
+    cache_scope: str | None = None             # whose cached prompt prefixes it may reuse: its API key's name
+                                               # (pool/keys), or None: shared (a sharing key, no keys)
 
     @property
     def prompt_param(self) -> str:
         return "messages" if self.messages is not None else "prompt"
+
+
+def scoped(spec: CompletionSpec) -> CompletionSpec:
+    """The spec with the serving request's cache scope, unless it names one."""
+    scope = REQUEST_CACHE_SCOPE.get()
+    return spec if scope is None or spec.cache_scope is not None else replace(spec, cache_scope=scope)
 
 
 MAX_INPUTS = 2048          # inputs in one request, as OpenAI's /v1/embeddings
