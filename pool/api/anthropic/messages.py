@@ -13,6 +13,7 @@ from .. import wants
 from ..auth import require_key
 from ..dialects import ANTHROPIC
 from ..keepalive import KEEPALIVE, until_first
+from ..load_wait import opening, sse_comment, stream_after_load
 from ..route import api_route
 from ..sse import event_stream
 from . import events as shape
@@ -23,12 +24,15 @@ from .parse import parse_count_tokens, parse_messages, read_body
 @api_route("POST", auth=require_key, dialect=ANTHROPIC, wants=wants.anthropic_messages)
 async def messages(request):
     req = parse_messages(read_body(request))
-    completion = await get_runtime().router.generate(req.spec)
-    reader = _reader(completion)
+    runtime = get_runtime()
     if not req.stream:
+        completion = await opening(runtime.router.generate(req.spec), req.spec.model)
         async with completion:
-            return JsonResponse(await _collect(completion, reader))
-    return await event_stream(completion, _stream(completion, reader), ANTHROPIC)
+            return JsonResponse(await _collect(completion, _reader(completion)))
+    # a wait on a load past the keep-alive interval begins the stream with progress comments
+    events = stream_after_load(runtime.router.generate(req.spec), lambda c: _stream(c, _reader(c)),
+                               name=req.spec.model, interval=runtime.settings.sse_keepalive, comment=sse_comment)
+    return await event_stream(events, events, ANTHROPIC)
 
 
 @api_route("POST", auth=require_key, dialect=ANTHROPIC, wants=wants.model_in_body_here_first)

@@ -16,6 +16,7 @@ from ..auth import require_key
 from ..dialects import OPENAI
 from ..fields import json_body
 from ..keepalive import KEEPALIVE, until_first
+from ..load_wait import opening, sse_comment, stream_after_load
 from ..route import api_route
 from ..sse import event_stream
 from .parse import parse_completion
@@ -36,12 +37,18 @@ async def completions(request):
 
 async def _complete(request, *, chat: bool):
     req = parse_completion(json_body(request), chat=chat)
-    completion = await get_runtime().router.generate(req.spec)
-    shape = Shape(chat=chat, model=completion.model_id, n=req.spec.n, logprobs=req.spec.logprobs is not None)
+    runtime = get_runtime()
+
+    def shape_of(completion) -> Shape:
+        return Shape(chat=chat, model=completion.model_id, n=req.spec.n, logprobs=req.spec.logprobs is not None)
     if not req.stream:
+        completion = await opening(runtime.router.generate(req.spec), req.spec.model)
         async with completion:
-            return JsonResponse(await _collect(completion, shape))
-    return await event_stream(completion, _stream(completion, shape, req.include_usage), OPENAI)
+            return JsonResponse(await _collect(completion, shape_of(completion)))
+    # a wait on a load past the keep-alive interval begins the stream with progress comments
+    events = stream_after_load(runtime.router.generate(req.spec), lambda c: _stream(c, shape_of(c), req.include_usage),
+                               name=req.spec.model, interval=runtime.settings.sse_keepalive, comment=sse_comment)
+    return await event_stream(events, events, OPENAI)
 
 
 def _usage(finals) -> dict:
