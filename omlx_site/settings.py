@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "channels",
     "pool",
     "pool.traces.apps.TracesConfig",
+    "pool.keys",
     "dashboard",
 ]
 

@@ -1,11 +1,14 @@
 """Who may call what, and which browser requests must pass Django's CSRF check.
 
-- /v1/* needs the API key when OMLX_API_KEY is set; without one it is open (the server then
-  listens on loopback unless `serve --allow-remote-without-key` said otherwise). Ollama's routes
+- /v1/* needs a key when OMLX_API_KEY is set or a named key exists (pool/keys: each optionally
+  limited to some models and a rate); without any it is open (the server then listens on loopback
+  unless `serve --allow-remote-without-key` said otherwise). The request's key is attached to it as
+  `request.omlx_key` (a keys.records.KeyRecord, or None on an open server). Ollama's routes
   (/api/tags, /api/show, /api/chat, ...: dialects.OLLAMA's paths) follow the same rule, and
   `GET /`'s liveness answer is open, as /health.
 - The operator's /api/* (/api/pool, /api/models/..., /api/telemetry, ...) and the admin JSON routes
-  take the key or a staff session; without a key, loopback clients (or a staff session).
+  take OMLX_API_KEY or a staff session; without it, loopback clients (or a staff session). A named
+  key is a client's: it never reaches the operator's routes.
 - /metrics follows /api/*; with OMLX_METRICS_PUBLIC=1 anyone gets it, without model ids.
 - A state-changing request from a browser (a session cookie or an Origin header) that does not
   carry the key passes Django's CSRF rule: Origin against the allowed hosts, and the CSRF token.
@@ -19,11 +22,14 @@ import hmac
 
 from django.conf import settings
 
-from ..api_key import given_keys, key_valid  # noqa: F401 - given_keys: part of this module's interface
+from ..api_key import given_keys, key_valid
 from ..conf import get_settings
-from ..fleet.proxy import FLEET_KEY, FORWARDED
+from ..errors import ServerNotReady
+from ..fleet.proxy import FLEET_KEY, FORWARDED, KEY_NAME
+from ..keys.records import BOOTSTRAP_RECORD, KeyRecord
+from ..keys.registry import REGISTRY
 from ..network import is_loopback
-from .errors import Forbidden, Unauthorized
+from .errors import Forbidden, RateLimited, Unauthorized
 
 HOW = "send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS", "TRACE")
@@ -56,6 +62,19 @@ def needs_csrf_check(method: str, *, key_valid: bool, browser: bool) -> bool:
 def key_ok(request) -> bool:
     """No key is set, or the request carries it."""
     return not get_settings().api_key or key_valid(request.headers)
+
+
+def request_key(request) -> KeyRecord | None:
+    """The key the request carries: OMLX_API_KEY's (the key 'bootstrap') or a named one (as this
+    process last read them), or None."""
+    if key_valid(request.headers):
+        return BOOTSTRAP_RECORD
+    return REGISTRY.named(given_keys(request.headers))
+
+
+def carries_key(request) -> bool:
+    """The request carries a key: it rides on no ambient credential."""
+    return request_key(request) is not None
 
 
 def peer_is_loopback(request) -> bool:
@@ -99,8 +118,32 @@ def fleet_hop(request) -> bool:
 # ---- what the routes wear ---------------------------------------------------------------------
 
 async def require_key(request) -> None:
-    if not key_ok(request):
-        raise Unauthorized(f"Missing or wrong API key: {HOW}.")
+    """A client's routes (/v1/*, Ollama's): OMLX_API_KEY or a named key, within its rate."""
+    await REGISTRY.current()
+    key = request.omlx_key = request_key(request)
+    if key is None:
+        if not REGISTRY.readable and (given_keys(request.headers) or not get_settings().api_key):
+            raise ServerNotReady("The API keys could not be read from the database; retry shortly.", retry_after=1)
+        if REGISTRY.keys_required():
+            raise Unauthorized(f"Missing or wrong API key: {HOW}.")
+        return
+    wait = REGISTRY.admit(key)
+    if wait > 0:
+        raise RateLimited(f"The API key '{key.name}' may send {key.rate_per_minute} requests a minute; retry in "
+                          f"{wait:.1f} s.", retry_after=wait)
+
+
+async def hop_key(request) -> KeyRecord | None:
+    """A forwarded request's key, by the name the host it entered put on the hop (trusted only with
+    the fleet key, which fleet_hop checked); its rate was counted there."""
+    name = request.headers.get(KEY_NAME)
+    request.omlx_key = None
+    if name:
+        await REGISTRY.current()
+        request.omlx_key = REGISTRY.by_name(name)
+        if request.omlx_key is None:
+            raise Unauthorized(f"The API key '{name}' is not known here (revoked meanwhile?).")
+    return request.omlx_key
 
 
 async def require_key_or_staff(request) -> None:

@@ -43,6 +43,16 @@ class Forbidden(PoolError):
     code = "forbidden"
 
 
+class ModelNotAllowed(Forbidden):
+    """The request's API key is limited to other models (pool/keys)."""
+    code = "model_not_allowed"
+
+
+class RateLimited(Busy):
+    """The request's API key sent more than its rate (pool/keys); `retry_after` says when one may go."""
+    code = "rate_limit_exceeded"
+
+
 class RouteNotFound(PoolError):
     code = "not_found"
 
@@ -68,6 +78,7 @@ ERRORS: dict[type[PoolError], Row] = {
     InvalidRequest: Row(400, "invalid_request_error", "invalid_request_error"),
     Unauthorized: Row(401, "authentication_error", "authentication_error"),
     Forbidden: Row(403, "permission_error", "permission_error"),
+    RateLimited: Row(429, "requests", "rate_limit_error"),
     ModelNotFound: Row(404, "invalid_request_error", "not_found_error"),
     RouteNotFound: Row(404, "invalid_request_error", "not_found_error"),
     MethodNotAllowed: Row(405, "invalid_request_error", "invalid_request_error"),

@@ -18,11 +18,12 @@ log = logging.getLogger(__name__)
 
 FORWARDED = "x-omlx-forwarded"     # the host the request entered the fleet at
 FLEET_KEY = "x-omlx-fleet-key"
+KEY_NAME = "x-omlx-key-name"       # the client's API key's name (pool/keys), believed only with the fleet key
 HOST = "x-omlx-host"               # on every answer: the host that served it
 # not passed on: hop-by-hop headers, what httpx sets itself, and the client's credentials
 REQUEST_DROPPED = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "host",
                              "content-length", "proxy-authorization", "proxy-connection", "authorization",
-                             "x-api-key", "cookie", FORWARDED, FLEET_KEY})
+                             "x-api-key", "cookie", FORWARDED, FLEET_KEY, KEY_NAME})
 RESPONSE_DROPPED = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "date", "server",
                               "set-cookie"})
 STREAM_TYPES = ("text/event-stream", "application/x-ndjson")
@@ -46,20 +47,23 @@ def client() -> httpx.AsyncClient:
     return found
 
 
-def hop_headers(incoming, *, origin: str, fleet_key: str) -> dict[str, str]:
+def hop_headers(incoming, *, origin: str, fleet_key: str, key_name: str | None = None) -> dict[str, str]:
     headers = {k: v for k, v in incoming.items() if k.lower() not in REQUEST_DROPPED}
     headers[FORWARDED] = origin
     headers[FLEET_KEY] = fleet_key
+    if key_name is not None:        # the serving host applies the key's limits and prompt cache scope
+        headers[KEY_NAME] = key_name
     return headers
 
 
 async def forward(request, base_url: str, host_id: str, *, origin: str, fleet_key: str,
-                  stream_error) -> HttpResponse:
+                  stream_error, key_name: str | None = None) -> HttpResponse:
     """The serving host's answer. Raises HostGone while nothing has reached the client (the caller may
     try another host); after that, a broken hop ends the stream with `stream_error(error)`."""
     http = client()
     outgoing = http.build_request(request.method, base_url + request.get_full_path(),
-                                  headers=hop_headers(request.headers, origin=origin, fleet_key=fleet_key),
+                                  headers=hop_headers(request.headers, origin=origin, fleet_key=fleet_key,
+                                                      key_name=key_name),
                                   content=request.body)
     try:
         upstream = await http.send(outgoing, stream=True)

@@ -65,8 +65,10 @@ async def route(request, want: Want, *, hop: bool, stream_error: Callable[[Excep
             request.omlx_placement = placement.why      # the answer's x-omlx-placement (api/host_header.py)
             return None
         try:
+            key = getattr(request, "omlx_key", None)
             response = await forward(request, records[placement.host]["url"], placement.host, origin=member.host_id,
-                                     fleet_key=member.key, stream_error=stream_error)
+                                     fleet_key=member.key, stream_error=stream_error,
+                                     key_name=key.name if key is not None else None)
         except HostGone as e:
             log.warning("host %s did not answer (%s); routing again", placement.host, e)
             member.forget(placement.host)

@@ -71,6 +71,8 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.requests = Counter("requests", "Requests that reached the pool, by model.", ["model"],
                                 registry=self.registry)
+        self.key_requests = Counter("key_requests", "Requests to the model APIs, by API key name and status.",
+                                    ["key", "status"], registry=self.registry)
         self.events = Counter("pool_events", "Pool events recorded, by reason.", ["reason"], registry=self.registry)
         self.evictions = Counter("evictions", "Models unloaded, by reason.", ["reason"], registry=self.registry)
         self.admission_rejections = Counter("admission_rejections", "Requests refused by admission, by reason.",
@@ -97,6 +99,10 @@ class Metrics:
 
     def request_started(self, model: str) -> None:
         self.requests.labels(model=model).inc()
+
+    def key_request(self, key: str, status: int) -> None:
+        """A request answered, by its API key's name (names come from the database: bounded)."""
+        self.key_requests.labels(key=key, status=str(status)).inc()
 
     def request_traced(self, *, model: str, key: str, ttft: float | None, queue_wait: float,
                        decode_tps: float | None) -> None:

@@ -20,6 +20,7 @@ from .. import wants
 from ..auth import fleet_hop, require_key
 from ..dialects import OLLAMA
 from ..fields import json_body
+from ..key_limits import visible, visible_name
 from ..route import api_route
 from .cards import Card, card
 from .names import model_field, resolve, tagged
@@ -68,7 +69,7 @@ async def tags(request):
     router = get_runtime().router
     models = []
     for model in router.models():
-        if router.hidden(model.id):
+        if router.hidden(model.id) or not visible(request, model.id):
             continue
         facts = card(model.path)
         summary = _summary(router, model, facts)
@@ -89,7 +90,7 @@ async def _fleet_models(request, path: str) -> list[dict]:
     if fleet is None or fleet.registry is None or fleet_hop(request):
         return []
     return [row for _, body in await gather_json(fleet, path) for row in body.get("models", [])
-            if isinstance(row, dict)]
+            if isinstance(row, dict) and visible_name(request, str(row.get("model", "")).removesuffix(":latest"))]
 
 
 def expires_at(row: dict, now: float) -> str:
@@ -116,7 +117,7 @@ async def ps(request):
     models = []
     for row in snapshot["models"]:
         model = records.get(row["id"])
-        if row["state"] != "loaded" or row["hidden"] or model is None:
+        if row["state"] != "loaded" or row["hidden"] or model is None or not visible(request, row["id"]):
             continue
         size = row["measured_bytes"] or row["size_bytes"]    # unified memory: all of it is the GPU's
         models.append({**_summary(router, model, card(model.path)), "size": size, "size_vram": size,

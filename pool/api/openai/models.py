@@ -10,6 +10,7 @@ from ...router import Router
 from ...runtime import get_runtime
 from .. import wants
 from ..auth import require_key
+from ..key_limits import visible
 from ..route import api_route
 
 
@@ -31,12 +32,12 @@ def remote_model_object(router: Router, row: dict) -> dict:
 async def list_models(request):
     runtime = get_runtime()
     router = runtime.router
-    data = [model_object(router, m) for m in router.models() if not router.hidden(m.id)]
+    data = [model_object(router, m) for m in router.models() if not router.hidden(m.id) and visible(request, m.id)]
     if runtime.fleet is not None and runtime.fleet.registry is not None:
         known = {m["id"] for m in data} | {m.id for m in router.models()}
         for record in await runtime.fleet.records():
             for row in record["snapshot"]["models"]:
-                if row["id"] not in known and not row.get("hidden"):
+                if row["id"] not in known and not row.get("hidden") and visible(request, row["id"]):
                     known.add(row["id"])
                     data.append(remote_model_object(router, row))
         data.sort(key=lambda m: m["id"])
