@@ -28,7 +28,6 @@ class Traces:
         self.writer = TraceWriter(max_rows=settings.trace_rows, max_days=settings.trace_days)
         self.metrics = metrics
         self.on_change = on_change or (lambda: None)
-        self.lost = 0
 
     # ---- a request's life ----------------------------------------------------------------------
 
@@ -56,8 +55,7 @@ class Traces:
             trace.truncated = trace.truncated or len(request_body) > trace.body_cap
         row = trace.as_dict(body=True)
         self.recent.appendleft({k: v for k, v in row.items() if k != "body"})
-        if not self.writer.submit(row):
-            self.lost += 1
+        self.writer.submit(row)
         if self.metrics is not None:
             self.metrics.request_traced(model=trace.model, key=trace.key or "", ttft=trace.ttft_s,
                                         queue_wait=trace.queue_s, decode_tps=trace.decode_tps)
@@ -87,6 +85,11 @@ class Traces:
     def message(self) -> dict:
         """The websocket's `requests` message (docs/api.md#requests)."""
         return {"type": "requests", "time": time.time(), "in_flight": self.live(), "recent": list(self.recent)}
+
+    def stats(self) -> dict:
+        """The writer's counts: written, waiting, and lost (the queue full, or a write that failed)."""
+        w = self.writer
+        return {"written": w.written, "pending": w.pending, "dropped": w.dropped, "failed": w.failed}
 
     @property
     def busy(self) -> bool:

@@ -1,10 +1,12 @@
 """The one thread that writes finished traces to the database, off the event loop.
 
 The loop hands a finished trace over with `submit` (a put on a bounded queue, never a wait): when
-the queue is full the trace is dropped and counted. The thread takes what has piled up, writes it
-in one batched insert, and prunes to OMLX_TRACE_ROWS rows and OMLX_TRACE_DAYS days at most every
-PRUNE_SECONDS. A write that fails (the database locked past its busy timeout, the disk full) loses
-that batch, counted and logged once per kind of failure: the requests were answered long before."""
+the queue is full the trace is dropped and counted. The thread takes what has piled up and writes
+it in one batched insert; in the same transaction it deletes the oldest rows past OMLX_TRACE_ROWS
+(it counts the rows once, then keeps the count), so a reader never sees more; rows older than
+OMLX_TRACE_DAYS go every PRUNE_SECONDS. A write that fails (the database locked past its busy
+timeout, the disk full) loses that batch, counted and logged once per kind of failure: the
+requests were answered long before."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ log = logging.getLogger(__name__)
 
 QUEUE_SIZE = 10_000
 BATCH = 500
-PRUNE_SECONDS = 5.0
+PRUNE_SECONDS = 60.0
 _STOP = object()
 
 
@@ -31,6 +33,7 @@ class TraceWriter:
         self.failed = 0         # a write failed: lost
         self._failing: str | None = None
         self._pruned_at = 0.0
+        self._rows: int | None = None    # rows in the table, once counted
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -47,7 +50,8 @@ class TraceWriter:
 
     @property
     def pending(self) -> int:
-        return self._queue.qsize()
+        """Traces handed over and not yet written (or lost)."""
+        return self._queue.unfinished_tasks
 
     def _start(self) -> None:
         if self._thread is None:
@@ -77,8 +81,11 @@ class TraceWriter:
 
         try:
             while True:
-                got = [self._queue.get()]
-                while len(got) < BATCH:
+                try:
+                    got = [self._queue.get(timeout=PRUNE_SECONDS)]
+                except queue.Empty:
+                    got = []
+                while got and len(got) < BATCH:
                     try:
                         got.append(self._queue.get_nowait())
                     except queue.Empty:
@@ -90,9 +97,11 @@ class TraceWriter:
                         self._write(rows)
                     if time.monotonic() - self._pruned_at >= PRUNE_SECONDS:
                         self._pruned_at = time.monotonic()
+                        self._rows = None
                         self.prune()
                 except Exception as e:  # noqa: BLE001 - a trace is never worth a request, nor the thread
                     self.failed += len(rows)
+                    self._rows = None
                     self._report(e)
                     close_old_connections()
                 finally:
@@ -104,12 +113,20 @@ class TraceWriter:
             connection.close()
 
     def _write(self, rows: list[dict]) -> None:
+        from django.db import transaction
+
         from .models import COLUMNS, RequestTrace
 
-        RequestTrace.objects.bulk_create([RequestTrace(
-            id=r["id"], created_at=_when(r["time"]), ended_at=_when(r["ended"]) if r.get("ended") else None,
-            body=r.get("body"), **{name: r.get(name) for name in COLUMNS if r.get(name) is not None},
-        ) for r in rows], ignore_conflicts=True)
+        with transaction.atomic():
+            if self._rows is None:
+                self._rows = RequestTrace.objects.count()
+            RequestTrace.objects.bulk_create([RequestTrace(
+                id=r["id"], created_at=_when(r["time"]), ended_at=_when(r["ended"]) if r.get("ended") else None,
+                body=r.get("body"), **{name: r.get(name) for name in COLUMNS if r.get(name) is not None},
+            ) for r in rows], ignore_conflicts=True)
+            self._rows += len(rows)
+            if self.max_rows and self._rows > self.max_rows:
+                self._rows -= self._prune_rows()
         self.written += len(rows)
         if self._failing is not None:
             log.info("request traces are written again")
@@ -123,12 +140,16 @@ class TraceWriter:
         if self.max_days > 0:
             cutoff = datetime.now(timezone.utc) - timedelta(days=self.max_days)
             gone += RequestTrace.objects.filter(created_at__lt=cutoff).delete()[0]
-        if self.max_rows > 0:
-            edge = RequestTrace.objects.order_by("-seq").values_list("seq", flat=True)[self.max_rows:self.max_rows + 1]
-            edge_seq = next(iter(edge), None)
-            if edge_seq is not None:
-                gone += RequestTrace.objects.filter(seq__lte=edge_seq).delete()[0]
-        return gone
+        return gone + self._prune_rows()
+
+    def _prune_rows(self) -> int:
+        from .models import RequestTrace
+
+        if self.max_rows <= 0:
+            return 0
+        edge = RequestTrace.objects.order_by("-seq").values_list("seq", flat=True)[self.max_rows:self.max_rows + 1]
+        edge_seq = next(iter(edge), None)
+        return 0 if edge_seq is None else RequestTrace.objects.filter(seq__lte=edge_seq).delete()[0]
 
     def _report(self, error: Exception) -> None:
         kind = type(error).__name__

@@ -62,7 +62,7 @@ async def live(request):
 
 @api_route("GET", auth=require_key_or_staff)
 async def summary(request):
-    return _json(await queries.asummary())
+    return _json({**await queries.asummary(), "writer": get_runtime().traces.stats()})
 
 
 @api_route("GET", auth=require_key_or_staff)
