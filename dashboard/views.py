@@ -3,6 +3,7 @@ heartbeat: a client that does not ask for HTML (Ollama's clients, curl) and any 
 `Ollama is running`."""
 
 from django.contrib.auth.views import redirect_to_login
+from django.middleware.csrf import get_token
 from django.shortcuts import render
 
 from pool.api.ollama.info import liveness
@@ -27,6 +28,9 @@ def index(request):
         "history_url": "/admin/pool/evictionevent/",
         "settings_url": "/admin/model/{id}/settings",
         "window_seconds": 15 * 60,
+        "requests_url": "/api/requests",
+        "can_cancel": bool(request.user.is_staff),   # POST /api/requests/{id}/cancel is staff only
+        "csrf_token": get_token(request),   # the playground's and the cancel's POSTs (the cookie is set too)
     }
     conf = get_settings()
     if conf.fleet:    # a fleet's page: its Fleet section, and which host this page is

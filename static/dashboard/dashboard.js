@@ -8,6 +8,8 @@
   const $ = (id) => document.getElementById(id);
   // In a fleet, static/dashboard/fleet.js (loaded first) sees every message and adds to each model row.
   const fleet = window.omlxFleet || null;
+  // The console (console.js, perf.js, playground.js: loaded first) sees every message too.
+  const extras = [window.omlxConsole, window.omlxPlayground].filter(Boolean);
 
   // ---- formatting ------------------------------------------------------------------------
 
@@ -99,6 +101,7 @@
       if (msg.type === "snapshot") onSnapshot(msg);
       else if (msg.type === "error") toast(msg.message, "error");
       if (fleet) fleet.onMessage(msg);
+      for (const x of extras) x.onMessage(msg);
     };
     socket.onclose = () => {
       if (ws !== socket) return;
@@ -282,13 +285,16 @@
     r.state.textContent = m.state === "loading" ? "loading " + ((m.loading_seconds || 0) + later).toFixed(1) + " s" : m.state;
     r.state.className = "badge state state-" + m.state;
     r.progress.hidden = m.state !== "loading";
+    const lp = m.state === "loading" ? m.load_progress : null;
     if (m.state === "loading") {
-      // Progress against the last load of this model, when there was one; else indeterminate.
-      const known = m.load_seconds && m.load_seconds > 0;
+      // The weight bytes made resident of the total (load_progress); else against the last load's time.
+      const known = !!(lp && lp.bytes_total) || (m.load_seconds && m.load_seconds > 0);
       r.progress.classList.toggle("indeterminate", !known);
-      r.bar.style.width = known ? Math.min(95, (100 * ((m.loading_seconds || 0) + later)) / m.load_seconds) + "%" : "";
+      r.bar.style.width = lp && lp.bytes_total ? (100 * lp.bytes_done) / lp.bytes_total + "%" :
+        known ? Math.min(95, (100 * ((m.loading_seconds || 0) + later)) / m.load_seconds) + "%" : "";
     }
     r.note.textContent = m.state === "failed" ? m.failure || "" : m.load_note || "";
+    if (lp) r.note.textContent = loadProgressText(lp, later);
     if (m.state === "loaded" && m.load_seconds != null && !m.load_note) r.note.textContent = "loaded in " + m.load_seconds + " s";
 
     r.size.textContent = fmtBytes(m.size_bytes) + " / " + (m.measured_bytes != null ? fmtBytes(m.measured_bytes) : "–");
@@ -318,6 +324,12 @@
     const placeholder = m.ttl_seconds != null ? String(m.ttl_seconds) : "default";
     if (document.activeElement !== r.ttlInput) r.ttlInput.placeholder = placeholder;
     if (fleet) fleet.decorateRow(r.tr, m);
+  }
+
+  // "1.2 GB of 2.7 GB · ~3 s left": the eta counts down between snapshots.
+  function loadProgressText(lp, later) {
+    const left = lp.eta_seconds != null ? " · ~" + fmtDuration(Math.max(1, lp.eta_seconds - later)) + " left" : "";
+    return fmtBytes(lp.bytes_done) + " of " + fmtBytes(lp.bytes_total) + left;
   }
 
   // One stacked bar per loaded model: its weights, its running requests' KV and its prompt cache,
@@ -617,6 +629,7 @@
       renderModels(snap);
       redrawChart();
     }
+    if (window.omlxConsole) window.omlxConsole.tick();
   }, 1000);
 
   window.omlxDashboard = {
@@ -625,4 +638,5 @@
     send: send,
   };
   if (fleet) fleet.init({ send, toast, fmtBytes, fmtAxisBytes, fmtClock, fmtDuration, historyLink });
+  if (window.omlxConsole) window.omlxConsole.init({ toast, fmtBytes, fmtClock, fmtDuration });
 })();

@@ -1,0 +1,240 @@
+/* The console's live tables, fed by the websocket's requests message (docs/api.md, "Requests"):
+   the requests in flight with their phase and, for staff, a cancel button; the activity table of
+   recent traces, filterable, each row opening its trace (trace.js). Nothing here polls: the older
+   traces are read once as the page opens (GET /api/requests), then every change comes live. */
+(function () {
+  "use strict";
+
+  const cfg = JSON.parse(document.getElementById("dashboard-config").textContent);
+  const $ = (id) => document.getElementById(id);
+  const T = window.omlxTrace;
+  const KEPT = 500;
+  let ui = null;                         // helpers from dashboard.js (init)
+  const traces = new Map();              // id -> normalized trace, finished ones
+  let inflight = [];
+  let opened = null;                     // the id whose trace is open
+  const listeners = [];
+
+  const fmt = {
+    bytes: (n) => (n == null ? "–" : ui.fmtBytes(n)),
+    seconds: (s) => (s == null ? "–" : s < 1 ? Math.round(s * 1000) + " ms" : s.toFixed(s < 10 ? 2 : 1) + " s"),
+  };
+
+  function csrf() {
+    const m = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
+    return m ? decodeURIComponent(m[1]) : cfg.csrf_token || "";
+  }
+
+  function onMessage(msg) {
+    if (!msg || msg.type !== "requests") return;
+    if (Array.isArray(msg.in_flight)) inflight = msg.in_flight.map(T.norm);
+    if (Array.isArray(msg.recent)) keep(msg.recent);
+    render();
+    for (const fn of listeners) fn({ inflight, traces });
+  }
+
+  function keep(list) {
+    for (const raw of list) {
+      const t = T.norm(raw);
+      if (t.id) traces.set(t.id, t);
+    }
+    if (traces.size > KEPT) {       // the oldest go
+      const ids = [...traces.values()].sort((a, b) => (a.started || 0) - (b.started || 0)).map((t) => t.id);
+      for (const id of ids.slice(0, traces.size - KEPT)) traces.delete(id);
+    }
+  }
+
+  // The finished traces before this page opened, once; the websocket brings every later one.
+  async function loadHistory() {
+    try {
+      const r = await fetch(cfg.requests_url + "?limit=200", { credentials: "same-origin", headers: { Accept: "application/json" } });
+      if (!r.ok) return;
+      keep((await r.json()).data || []);
+      render();
+      for (const fn of listeners) fn({ inflight, traces });
+    } catch (e) { /* the table fills in live */ }
+  }
+
+  function render() {
+    renderInflight();
+    renderActivity();
+  }
+
+  // ---- in flight ---------------------------------------------------------------------------
+
+  function cell(tr, label, text, cls) {
+    const td = document.createElement("td");
+    td.dataset.label = label;
+    if (cls) td.className = cls;
+    if (text != null) td.textContent = text;
+    tr.appendChild(td);
+    return td;
+  }
+
+  function renderInflight() {
+    const body = document.querySelector("#inflight tbody");
+    body.textContent = "";
+    const now = Date.now() / 1000;
+    for (const t of inflight) {
+      const tr = document.createElement("tr");
+      tr.dataset.id = t.id;
+      tr.dataset.phase = t.phase || "";
+      cell(tr, "request", t.id, "mono");
+      cell(tr, "model", t.model);
+      const phase = cell(tr, "phase");
+      const badge = document.createElement("span");
+      badge.className = "badge phase phase-" + (t.phase || "running");
+      badge.textContent = t.phase || "running";
+      phase.appendChild(badge);
+      if (t.phase === "prefilling" && t.prefillTotal) phase.append(" " + Math.round((100 * t.prefillDone) / t.prefillTotal) + "%");
+      cell(tr, "for", t.started != null ? fmt.seconds(Math.max(0, now - t.started)) : "–", "num");
+      cell(tr, "tokens", (t.prompt ?? "–") + " → " + (t.completion ?? 0), "num");
+      cell(tr, "KV", fmt.bytes(t.kv), "num");
+      const act = cell(tr, "");
+      if (cfg.can_cancel) {
+        const b = document.createElement("button");
+        b.type = "button";
+        b.className = "cancel danger";
+        b.textContent = "cancel";
+        b.dataset.id = t.id;
+        act.appendChild(b);
+      }
+      body.appendChild(tr);
+    }
+    $("inflight-empty").hidden = inflight.length > 0;
+    $("inflight-count").textContent = inflight.length ? inflight.length + " running" : "";
+  }
+
+  document.querySelector("#inflight tbody").addEventListener("click", async (ev) => {
+    const b = ev.target.closest("button.cancel");
+    if (!b) return;
+    b.disabled = true;
+    b.textContent = "cancelling…";
+    try {
+      const r = await fetch(cfg.requests_url + "/" + encodeURIComponent(b.dataset.id) + "/cancel", {
+        method: "POST", credentials: "same-origin", body: "{}",
+        headers: { "Content-Type": "application/json", "X-CSRFToken": csrf(), Accept: "application/json" },
+      });
+      if (!r.ok) {
+        const body = await r.json().catch(() => ({}));
+        ui.toast("Cancel refused: " + (((body.error || {}).message) || "HTTP " + r.status), "error");
+        b.disabled = false;
+        b.textContent = "cancel";
+      }
+    } catch (e) {
+      ui.toast("Cancel failed: " + e, "error");
+    }
+  });
+
+  // ---- activity ----------------------------------------------------------------------------
+
+  const filters = $("activity-filters");
+  filters.addEventListener("input", () => renderActivity());
+  filters.addEventListener("submit", (ev) => ev.preventDefault());
+
+  const outcome = (t) => t.status;      // ok, error, cancelled (trace.js)
+
+  function matches(t, f) {
+    if (f.model && t.model !== f.model) return false;
+    if (f.status && outcome(t) !== f.status) return false;
+    if (f.q) {
+      const hay = [t.id, t.model, t.route, t.status, t.error, t.key].join(" ").toLowerCase();
+      if (!hay.includes(f.q.toLowerCase())) return false;
+    }
+    return true;
+  }
+
+  function syncModelOptions() {
+    const select = filters.elements.model;
+    const have = new Set([...select.options].map((o) => o.value));
+    for (const t of traces.values()) {
+      if (t.model && !have.has(t.model)) {
+        select.add(new Option(t.model, t.model));
+        have.add(t.model);
+      }
+    }
+  }
+
+  function renderActivity() {
+    syncModelOptions();
+    const f = { model: filters.elements.model.value, status: filters.elements.status.value, q: filters.elements.q.value.trim() };
+    const all = [...traces.values()].sort((a, b) => (b.started || 0) - (a.started || 0));
+    const shown = all.filter((t) => matches(t, f));
+    const body = document.querySelector("#activity tbody");
+    body.textContent = "";
+    for (const t of shown) {
+      const tr = document.createElement("tr");
+      tr.dataset.id = t.id;
+      tr.dataset.model = t.model;
+      tr.dataset.outcome = outcome(t);
+      tr.tabIndex = 0;
+      tr.classList.toggle("open", t.id === opened);
+      cell(tr, "time", t.started != null ? ui.fmtClock(t.started) : "–");
+      cell(tr, "request", t.id, "mono");
+      cell(tr, "model", t.model);
+      cell(tr, "route", t.route, "muted small");
+      const o = cell(tr, "outcome");
+      const badge = document.createElement("span");
+      badge.className = "badge outcome outcome-" + outcome(t);
+      badge.textContent = t.status === "ok" ? "ok" : t.status + (t.raw.error ? " · " + t.raw.error : "");
+      if (t.error) badge.title = t.error;
+      o.appendChild(badge);
+      cell(tr, "tokens", (t.prompt ?? "–") + (t.cached ? " (" + t.cached + ")" : "") + " · " + (t.completion ?? "–"), "num tokens");
+      cell(tr, "waited", fmt.seconds(t.waited), "num");
+      cell(tr, "TTFT", fmt.seconds(t.ttft), "num ttft");
+      cell(tr, "tok/s", t.tps != null ? t.tps.toFixed(1) : "–", "num tps");
+      cell(tr, "total", fmt.seconds(t.total), "num total");
+      cell(tr, "KV", fmt.bytes(t.kv), "num");
+      body.appendChild(tr);
+    }
+    $("activity-empty").hidden = shown.length > 0;
+    $("activity-empty").textContent = all.length ? "No request matches the filter." : "No requests yet.";
+    $("activity-count").textContent = all.length ? shown.length + " of " + all.length : "";
+    if (opened && traces.has(opened)) showTrace(traces.get(opened), false);
+  }
+
+  const activity = document.querySelector("#activity tbody");
+  function openRow(ev) {
+    const tr = ev.target.closest("tr[data-id]");
+    if (!tr || (ev.type === "keydown" && ev.key !== "Enter")) return;
+    const id = tr.dataset.id;
+    if (opened === id) {
+      opened = null;
+      $("trace").hidden = true;
+      renderActivity();
+      return;
+    }
+    opened = id;
+    renderActivity();
+    showTrace(traces.get(id), true);
+  }
+  activity.addEventListener("click", openRow);
+  activity.addEventListener("keydown", openRow);
+
+  async function showTrace(t, fetchWhole) {
+    const box = $("trace");
+    box.hidden = false;
+    T.render(box, t, fmt);
+    if (!fetchWhole || t.ended != null) return;
+    try {            // a trace still running: its state now, once
+      const r = await fetch(cfg.requests_url + "/" + encodeURIComponent(t.id),
+                            { credentials: "same-origin", headers: { Accept: "application/json" } });
+      if (!r.ok) return;
+      const whole = T.norm(await r.json());
+      traces.set(t.id, Object.assign(t, whole));
+      if (opened === t.id) T.render(box, t, fmt);
+    } catch (e) { /* the summary stays shown */ }
+  }
+
+  window.omlxConsole = {
+    onMessage,
+    init(helpers) { ui = helpers; render(); loadHistory(); },
+    onRequests(fn) { listeners.push(fn); },
+    trace(id) { return traces.get(id); },
+    traces() { return [...traces.values()]; },
+    render: T.render,
+    fmt,
+    csrf,
+    tick() { if (inflight.length) renderInflight(); },
+  };
+})();
