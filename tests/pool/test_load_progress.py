@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from pool.engines.loading import LoadProgress
+from pool.errors import LoadAborted
 from pool.policy.load_progress import DEFAULT_BYTES_PER_SECOND
 from tests.fakes import Core, Spec, model_folders
 
@@ -40,7 +41,7 @@ async def test_a_loading_model_reports_bytes_read_of_total_and_the_time_left(mod
     assert progress["eta_seconds"] == round(90 * MB / DEFAULT_BYTES_PER_SECOND, 1)
     assert _row(core, "b")["load_progress"] is None
     engine.abort_load = True
-    with pytest.raises(Exception):
+    with pytest.raises(LoadAborted):
         await loading
     assert _row(core, "a")["load_progress"] is None
 
@@ -74,3 +75,33 @@ def test_fill_weights_counts_the_bytes_it_makes_resident(demo_model_dir):
     assert progress.bytes_total == total == progress.bytes_done
     assert len(seen) > 2 and seen == sorted(seen), seen        # group by group, never backwards
     assert progress.seconds is not None and progress.seconds > 0
+
+
+async def test_a_refusal_that_ends_a_wait_on_a_loading_model_says_how_far_it_got(models, monkeypatch):
+    from types import SimpleNamespace
+
+    from pool.api import load_wait
+    from pool.errors import Busy
+
+    core = Core(models, specs={"a": Spec(load_seconds=30)})
+    monkeypatch.setattr(load_wait, "get_runtime", lambda: SimpleNamespace(router=core.router))
+    loading = asyncio.ensure_future(core.pool.load("a"))
+    while core.states()["a"] != "loading":
+        await asyncio.sleep(0)
+    engine = core.engines.engines["a"]
+    engine.load_progress = LoadProgress()
+    engine.load_progress.begin(100 * MB)
+    engine.load_progress.advance(45 * MB)
+
+    async def refused():
+        raise Busy("The server is shutting down; retry in a moment.", code="server_shutting_down")
+
+    with pytest.raises(Busy) as e:
+        await load_wait.opening(refused(), "a")
+    assert e.value.message == ("The server is shutting down; retry in a moment. (loading a 45% (45.0 MB of 100.0 MB), "
+                               "~1 s left when the wait ended)")
+    with pytest.raises(Busy) as e:                 # a model that is not loading: the message as it was
+        await load_wait.opening(refused(), "b")
+    assert e.value.message == "The server is shutting down; retry in a moment."
+    engine.abort_load = True
+    await asyncio.gather(loading, return_exceptions=True)
