@@ -95,7 +95,11 @@ async def _facts(request) -> dict:
             "staff": await staff_session_ok(request), "peer_loopback": peer_is_loopback(request)}
 
 
-def _refusal(key_set: bool) -> Exception:
+def _refusal(key_set: bool, request) -> Exception:
+    named = REGISTRY.named(given_keys(request.headers))
+    if named is not None:
+        return Forbidden(f"The API key '{named.name}' is a client's; the operator's routes take OMLX_API_KEY or a "
+                         "staff login.")
     if key_set:
         return Unauthorized(f"Missing or wrong API key: {HOW}, or log in as staff.")
     return Forbidden("This server has no API key (OMLX_API_KEY), so this route answers loopback clients "
@@ -149,7 +153,7 @@ async def hop_key(request) -> KeyRecord | None:
 async def require_key_or_staff(request) -> None:
     facts = await _facts(request)
     if not api_allowed(**facts):
-        raise _refusal(facts["key_set"])
+        raise _refusal(facts["key_set"], request)
 
 
 async def metrics_access(request) -> str:
@@ -157,7 +161,7 @@ async def metrics_access(request) -> str:
     facts = await _facts(request)
     view = metrics_view(**facts, public=get_settings().metrics_public)
     if view is None:
-        raise _refusal(facts["key_set"])
+        raise _refusal(facts["key_set"], request)
     return view
 
 

@@ -60,7 +60,9 @@ def test_a_revoked_key_is_refused(server):
 
 
 def test_a_named_key_is_a_clients_not_an_operators(server, limited):
-    assert status(server, limited, "/api/pool") == 401
+    refused = server.fetch("GET", "/api/pool", headers=bearer(limited), timeout=10)
+    assert refused.status_code == 403 and "is a client's" in refused.json()["error"]["message"]
+    assert status(server, limited, "/metrics") == 403
     assert status(server, BOOT, "/api/pool") == 200
 
 

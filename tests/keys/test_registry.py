@@ -117,3 +117,29 @@ def test_the_rate_is_counted_per_key():
     assert all(registry.admit(free) == 0.0 for _ in range(100))
     clock.now += 30
     assert registry.admit(limited) == 0.0
+
+
+async def test_when_a_key_was_last_used_is_written_off_the_request_path(db):
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    from pool.keys import services
+    from pool.keys.models import ApiKey
+    from pool.keys.registry import USED_EVERY
+
+    clock = Clock()
+    registry = Registry(clock=clock)
+    await sync_to_async(services.create_key)(name="erin")
+    await registry.current()
+    registry.admit(registry.by_name("erin"))
+    clock.now += 2
+    await registry.current()                                  # read again, but not a minute yet: nothing written
+    assert (await ApiKey.objects.aget(name="erin")).last_used_at is None
+    clock.now += USED_EVERY
+    await registry.current()                                  # a task of its own writes it
+    for _ in range(1000):
+        if (await ApiKey.objects.aget(name="erin")).last_used_at is not None:
+            break
+        await asyncio.sleep(0.01)
+    assert (await ApiKey.objects.aget(name="erin")).last_used_at is not None
