@@ -88,3 +88,14 @@ def test_a_load_that_fails_during_the_wait_says_how_far_it_got(server, held_load
     assert lines[0].startswith(f": loading {DEMO} ")
     error = next(line for line in lines if line.startswith("data: ") and '"error"' in line)
     assert "failed to load" in error and f"loading {DEMO} 50%" in error and "when the wait ended" in error, error
+
+
+def test_the_responses_stream_gets_them_too(server, held_load):
+    release, _ = held_load
+    body = {"model": DEMO, "input": "hi", "max_output_tokens": 3, "stream": True, "store": False}
+    with server.stream_request("POST", "/v1/responses", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        lines = _lines_releasing_at_progress(r, release)
+    assert lines[0].startswith(f": loading {DEMO} "), lines[:3]
+    events = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+    assert events[0] == "response.created" and events[-1] in ("response.completed", "response.incomplete"), events

@@ -24,6 +24,7 @@ from ..dialects import OPENAI, Dialect
 from ..errors import envelope, internal
 from ..fields import integer, json_body
 from ..keepalive import KEEPALIVE, until_first
+from ..load_wait import opening, sse_comment, stream_after_load
 from ..openai import words as openai_words
 from ..route import api_route
 from ..sse import event_stream
@@ -50,16 +51,39 @@ RESPONSES = Dialect("openai-responses", openai_words.envelope, _stream_error)
 async def create(request):
     req = parse_responses(json_body(request))
     earlier = await store.conversation(req.previous_response_id) if req.previous_response_id else []
-    completion, items = await _open(req, [*earlier, *req.input])
-    response = Response(model=completion.model_id, echo=req.echo, namespaces=req.namespaces)
-    reader = _reader(completion)
+    conversation = [*earlier, *req.input]
     if not req.stream:
+        completion, items = await opening(_open(req, conversation), req.model)
+        response = Response(model=completion.model_id, echo=req.echo, namespaces=req.namespaces)
         async with completion:
-            body = await _collect(completion, reader, response)
+            body = await _collect(completion, _reader(completion), response)
         if req.store:
             store.keep(body, items, body["output"])
         return JsonResponse(body)
-    return await event_stream(completion, _stream(completion, reader, EventStream(response), req, items), RESPONSES)
+    # a wait on a load past the keep-alive interval begins the stream with progress comments
+    events = stream_after_load(_Opened.of(_open(req, conversation)), lambda o: _stream_opened(o, req), name=req.model,
+                               interval=get_runtime().settings.sse_keepalive, comment=sse_comment)
+    return await event_stream(events, events, RESPONSES)
+
+
+class _Opened:
+    """An opened completion and the items it was given, closed as the completion is."""
+
+    def __init__(self, completion, items: list[dict]):
+        self.completion, self.items = completion, items
+
+    @classmethod
+    async def of(cls, opening_) -> "_Opened":
+        return cls(*await opening_)
+
+    async def aclose(self) -> None:
+        await self.completion.aclose()
+
+
+def _stream_opened(opened: _Opened, req: ResponsesRequest):
+    completion = opened.completion
+    response = Response(model=completion.model_id, echo=req.echo, namespaces=req.namespaces)
+    return _stream(completion, _reader(completion), EventStream(response), req, opened.items)
 
 
 async def _open(req: ResponsesRequest, items: list[dict]):
