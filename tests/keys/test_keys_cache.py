@@ -56,6 +56,7 @@ def test_a_hop_serves_in_the_keys_scope(server, named):
     hop = {"x-omlx-forwarded": "another-host", "x-omlx-fleet-key": FLEET}
     assert cached(server, "unused", headers={**hop, "x-omlx-key-name": "alice"}) > 100
     assert cached(server, "unused", headers={**hop, "x-omlx-key-name": "frank"}) == 0
+    assert cached(server, "unused", headers={**hop, "x-omlx-key-name": "unknown-here"}) == 0   # its own scope
 
 
 def test_the_disk_tier_keeps_keys_apart_across_a_restart(server, named):
