@@ -44,15 +44,16 @@
     }
   }
 
-  // The finished traces before this page opened, once; the websocket brings every later one.
-  async function loadHistory() {
-    try {
-      const r = await fetch(cfg.requests_url + "?limit=200", { credentials: "same-origin", headers: { Accept: "application/json" } });
-      if (!r.ok) return;
-      keep((await r.json()).data || []);
-      render();
-      for (const fn of listeners) fn({ inflight, traces });
-    } catch (e) { /* the table fills in live */ }
+  // What the websocket does not send on connect: the traces running and finished before it opened
+  // (docs/api.md, "Requests"), read once each time it (re)connects; every later change comes live.
+  async function catchUp() {
+    const get = (url) => fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then((r) => (r.ok ? r.json() : null)).catch(() => null);
+    const [live, recent] = await Promise.all([get(cfg.requests_url + "/live"), get(cfg.requests_url + "?limit=200")]);
+    if (recent) keep(recent.data || []);
+    if (live) inflight = (Array.isArray(live) ? live : live.data || live.in_flight || []).map(T.norm);
+    render();
+    for (const fn of listeners) fn({ inflight, traces });
   }
 
   function render() {
@@ -88,7 +89,8 @@
       phase.appendChild(badge);
       if (t.phase === "prefilling" && t.prefillTotal) phase.append(" " + Math.round((100 * t.prefillDone) / t.prefillTotal) + "%");
       cell(tr, "for", t.started != null ? fmt.seconds(Math.max(0, now - t.started)) : "–", "num");
-      cell(tr, "tokens", (t.prompt ?? "–") + " → " + (t.completion ?? 0), "num");
+      // counted at the end: while it runs, the prompt's size once known
+      cell(tr, "tokens", t.completion ? t.prompt + " → " + t.completion : (t.prefillTotal || "–") + " → …", "num");
       cell(tr, "KV", fmt.bytes(t.kv), "num");
       const act = cell(tr, "");
       if (cfg.can_cancel) {
@@ -228,7 +230,8 @@
 
   window.omlxConsole = {
     onMessage,
-    init(helpers) { ui = helpers; render(); loadHistory(); },
+    init(helpers) { ui = helpers; render(); },
+    onOpen: catchUp,
     onRequests(fn) { listeners.push(fn); },
     trace(id) { return traces.get(id); },
     traces() { return [...traces.values()]; },

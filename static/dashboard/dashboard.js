@@ -90,6 +90,7 @@
       document.body.classList.remove("stale");
       $("disconnected").hidden = true;
       $("relogin").hidden = true;
+      for (const x of extras) if (x.onOpen) x.onOpen();
     };
     socket.onmessage = (ev) => {
       let msg;

@@ -22,6 +22,10 @@ def staff_page(browser, server, errors: list[str], *, height: int = 1800):
     subprocess.run([sys.executable, "manage.py", "createsuperuser", "--noinput", "--username", "boss",
                     "--email", "boss@example.com"], cwd=ROOT, check=True, capture_output=True,
                    env={**server.env, "DJANGO_SUPERUSER_PASSWORD": PASSWORD})
+    return logged_in_page(browser, server, errors, height=height)
+
+
+def logged_in_page(browser, server, errors: list[str], *, height: int = 1800):
     page = browser.new_page(viewport={"width": 1280, "height": height})
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.on("response", lambda r: r.status >= 400 and "/api/telemetry" not in r.url
@@ -109,6 +113,12 @@ def test_playground_streams_its_row_appears_and_cancel_ends_a_stream(start_serve
     expect(page.locator("#perf .perf-model")).to_have_count(1)
     expect(page.locator(f'#perf .perf-model[data-model="{DEMO}"] .perf-note')).to_contain_text("TTFT p50")
     assert page.evaluate("window.__sameDocument") is True, "the page reloaded"
+
+    # a page opened now reads what finished before it: both rows are there at once
+    late = logged_in_page(browser, server, errors)
+    expect(late.locator("#activity tbody tr")).to_have_count(2)
+    late.set_viewport_size({"width": 390, "height": 844})
+    late.screenshot(path=str(ARTIFACTS / "console-phone.png"), full_page=True)
     assert not errors, errors
 
 
