@@ -153,8 +153,8 @@ class MemoryEnforcer:
         if self.lines is None:
             self.level, self.over_ceiling_polls = Level.OK, 0
             self.actions.adapt_prefill(Level.OK)
-            if cache_over_bound(seen.cache, self._cache_max()):
-                await self.actions.trim_mlx_cache()
+            if cache_over_bound(seen.cache, bound := self._cache_max()):
+                await self.actions.trim_mlx_cache(record_from=bound or 0)
                 seen = self.probe.read()
             self._finish(seen)
             return None
@@ -218,7 +218,7 @@ class MemoryEnforcer:
     async def _apply(self, decision: TickDecision, reading) -> None:
         for action in decision.actions:
             if action.kind == ActionKind.RECLAIM and decision.level == Level.OK:
-                await self.actions.trim_mlx_cache()
+                await self.actions.trim_mlx_cache(record_from=self._cache_max() or 0)
             elif action.kind == ActionKind.RECLAIM:
                 await self.actions.reclaim_caches(target_usage=self.lines.soft - 1)
             elif action.kind == ActionKind.UNLOAD:

@@ -74,9 +74,10 @@ class PressureActions:
         forget_tokenizers()
         return freed_caches + await self.trim_mlx_cache()
 
-    async def trim_mlx_cache(self, *, why: str = "") -> int:
+    async def trim_mlx_cache(self, *, record_from: int = 0) -> int:
         """Clear MLX's buffer cache and glibc's free pages (at ok, when the cache outgrew
-        OMLX_MLX_CACHE_MAX): an event with what the device got back; returns the bytes freed."""
+        OMLX_MLX_CACHE_MAX): an event with what the device got back, when that is at least
+        `record_from` bytes (a busy model's transient buffers are no history); returns the bytes freed."""
         from ..engines.memory_release import reclaim_cache
 
         probe = self.pool.probe
@@ -88,10 +89,11 @@ class PressureActions:
             pass
         after = probe.read()
         freed = max(0, before.usage - after.usage)
-        await self.pool.events.record(action=ActionKind.RECLAIM, reason=Reason.CACHE_RECLAIM,
-                                      bytes_before=before.usage, bytes_after=after.usage, freed_bytes=freed,
-                                      detail=f"MLX cache {format_bytes(before.cache)} -> {format_bytes(after.cache)}"
-                                      + why)
+        if freed >= record_from:
+            await self.pool.events.record(
+                action=ActionKind.RECLAIM, reason=Reason.CACHE_RECLAIM, bytes_before=before.usage,
+                bytes_after=after.usage, freed_bytes=freed,
+                detail=f"MLX cache {format_bytes(before.cache)} -> {format_bytes(after.cache)}")
         return freed
 
     async def _shrink_prompt_caches(self, *, free_bytes: int) -> int:
