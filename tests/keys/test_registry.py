@@ -39,6 +39,10 @@ async def db(tmp_path, monkeypatch):
     await sync_to_async(call_command)("migrate", verbosity=0)
     yield
     await close_connections()
+    from pool.keys.registry import REGISTRY
+
+    REGISTRY.load({})           # the process's copy forgets this database's keys: other tests' servers
+    REGISTRY.invalidate()       # in this process read their own
 
 
 def test_records_scope_the_cache_by_name_unless_shared_and_names_are_checked():
