@@ -37,6 +37,7 @@ from .pressure_actions import PressureActions
 log = logging.getLogger(__name__)
 
 MIN_TICK_GAP = 0.01
+TRIM_ROW_SECONDS = 60.0
 
 
 class MemoryEnforcer:
@@ -59,6 +60,7 @@ class MemoryEnforcer:
         self._ticking = False
         self._row_at: float | None = None    # when telemetry last got a row (time.monotonic)
         self._row_level: str | None = None   # the pressure level of that row
+        self._trim_row_at: float | None = None   # when a trim at ok last left a history row
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._tick_lock: asyncio.Lock | None = None
@@ -153,8 +155,8 @@ class MemoryEnforcer:
         if self.lines is None:
             self.level, self.over_ceiling_polls = Level.OK, 0
             self.actions.adapt_prefill(Level.OK)
-            if cache_over_bound(seen.cache, bound := self._cache_max()):
-                await self.actions.trim_mlx_cache(record_from=bound or 0)
+            if cache_over_bound(seen.cache, self._cache_max()):
+                await self._trim()
                 seen = self.probe.read()
             self._finish(seen)
             return None
@@ -218,7 +220,7 @@ class MemoryEnforcer:
     async def _apply(self, decision: TickDecision, reading) -> None:
         for action in decision.actions:
             if action.kind == ActionKind.RECLAIM and decision.level == Level.OK:
-                await self.actions.trim_mlx_cache(record_from=self._cache_max() or 0)
+                await self._trim()
             elif action.kind == ActionKind.RECLAIM:
                 await self.actions.reclaim_caches(target_usage=self.lines.soft - 1)
             elif action.kind == ActionKind.UNLOAD:
@@ -232,6 +234,15 @@ class MemoryEnforcer:
                                                   message=self._abort_message(decision.level, reading))
             elif action.kind == ActionKind.MARK_UNLOAD:
                 await self.actions.mark_for_unload(action.model, reason=action.reason or Reason.EMERGENCY)
+
+    async def _trim(self) -> None:
+        """MLX's cache past its bound, at ok: a busy model's transient buffers pass it at every
+        tick, so at most one history row a TRIM_ROW_SECONDS."""
+        now = time.monotonic()
+        record = self._trim_row_at is None or now - self._trim_row_at >= TRIM_ROW_SECONDS
+        await self.actions.trim_mlx_cache(record=record)
+        if record:
+            self._trim_row_at = now
 
     def _abort_message(self, level: Level, reading) -> str:
         return (f"process memory pressure ({level}): usage {format_bytes(reading.usage)}, hard line "

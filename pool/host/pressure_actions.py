@@ -74,10 +74,9 @@ class PressureActions:
         forget_tokenizers()
         return freed_caches + await self.trim_mlx_cache()
 
-    async def trim_mlx_cache(self, *, record_from: int = 0) -> int:
+    async def trim_mlx_cache(self, *, record: bool = True) -> int:
         """Clear MLX's buffer cache and glibc's free pages (at ok, when the cache outgrew
-        OMLX_MLX_CACHE_MAX): an event with what the device got back, when that is at least
-        `record_from` bytes (a busy model's transient buffers are no history); returns the bytes freed."""
+        OMLX_MLX_CACHE_MAX): with `record`, an event with what the device got back; returns the bytes freed."""
         from ..engines.memory_release import reclaim_cache
 
         probe = self.pool.probe
@@ -89,7 +88,7 @@ class PressureActions:
             pass
         after = probe.read()
         freed = max(0, before.usage - after.usage)
-        if freed >= record_from:
+        if record:
             await self.pool.events.record(
                 action=ActionKind.RECLAIM, reason=Reason.CACHE_RECLAIM, bytes_before=before.usage,
                 bytes_after=after.usage, freed_bytes=freed,
