@@ -246,9 +246,9 @@ async def test_a_load_never_blocks_the_connection(site, monkeypatch):
     weights_may_load = threading.Event()
     fill_weights = generator.fill_weights
 
-    def held(model, group_bytes):
+    def held(model, group_bytes, progress=None):
         assert weights_may_load.wait(30), "the test never released the load"
-        return fill_weights(model, group_bytes)
+        return fill_weights(model, group_bytes, progress)
     monkeypatch.setattr(generator, "fill_weights", held)
     ws, _ = await connected(site)
     loading = await answer(ws, {"action": "load", "model": SMALL})

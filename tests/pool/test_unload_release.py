@@ -54,9 +54,9 @@ async def test_a_load_that_fails_after_its_weights_lets_them_go(make_model, monk
     weights: list[weakref.ref] = []
     fill = generator.fill_weights
 
-    def watched_fill(model, group_bytes):
+    def watched_fill(model, group_bytes, progress=None):
         weights.extend(weakref.ref(w) for _, w in tree_flatten(model.parameters()))
-        return fill(model, group_bytes)
+        return fill(model, group_bytes, progress)
 
     def broken(model, config):
         raise RuntimeError("config unreadable")
