@@ -14,21 +14,33 @@ from pool.engines.protocol import LoadOptions, SamplingParams
 from pool.host.engine_options import warm_shapes
 
 
-async def test_a_request_arriving_during_the_warm_up_goes_before_the_remaining_shapes(make_model):
+async def test_a_request_arriving_during_the_warm_up_goes_before_the_remaining_shapes(make_model, monkeypatch):
+    import pool.engines.warmup as warmup
+
+    order: list[str] = []          # appended from the engine thread and the test, in time order
+    run_shape = warmup.run_shape
+
+    def recorded(state, batch, tokens):
+        order.append(f"shape {batch}")
+        run_shape(state, batch, tokens)
+    monkeypatch.setattr(warmup, "run_shape", recorded)
     engine = TextEngine("warm", make_model("warm-20", 20, seed=4),
                         load=LoadOptions(warm_batches=(2, 3, 4, 5), warm_prompt=32))
     await engine.load()
-    jobs = len(engine._idle_jobs)                   # first, five shapes, last
-    assert jobs == 7
+    order.append("request")
     got = [c async for c in engine.generate([5, 6, 7, 8], SamplingParams(max_tokens=6))]
-    # the request waited for at most the shape already running (and never for all of them)
-    assert got and len(engine._idle_jobs) >= jobs - 3
+    order.append("answered")
     for _ in range(600):
         if not engine._idle_jobs:
             break
         await asyncio.sleep(0.1)
     assert not engine._idle_jobs                    # then the rest ran, in the background
-    assert engine.cache_stats.kv_bytes == 0         # their lanes are gone with their KV
+    shapes = [e for e in order if e.startswith("shape")]
+    assert len(shapes) == 5
+    between = order[order.index("request") + 1:order.index("answered")]
+    # the request waited for at most the shape already starting as it came, never for the rest
+    assert got and len(between) <= 1, order
+    assert engine.cache_stats.kv_bytes == 0         # the shapes' lanes are gone with their KV
     assert [c async for c in engine.generate([5, 6, 7, 8], SamplingParams(max_tokens=3))]
     release = await asyncio.wait_for(engine.stop(), 60)
     assert release.kept_bytes == 0
