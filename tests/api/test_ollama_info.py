@@ -88,7 +88,10 @@ def test_an_unknown_model_is_a_404_in_ollamas_shape(client, server):
     _is_error(server.get("/api/show"), 405)
     assert server.get("/api/show").headers["allow"] == "POST"
     assert "No route" in _is_error(server.get("/api/tags/more"), 404)
-    _is_error(server.post("/api/show", content=b'{"model": "x"}', headers={"Content-Type": "text/plain"}), 400)
+    page = {"Content-Type": "text/plain", "Origin": "http://evil.example"}     # a page's post: refused
+    _is_error(server.post("/api/show", content=b'{"model": "x"}', headers=page), 400)
+    script = {"Content-Type": "text/plain"}                                   # curl -d: read as JSON
+    assert 'model "x" not found' in _is_error(server.post("/api/show", content=b'{"model": "x"}', headers=script), 404)
 
 
 def test_version_and_the_liveness_answer(server):
