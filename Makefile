@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: run test lint setup install blas browser services clients bench-cpu bench-single bench-concurrency bench-isolation bench-swap bench-enforcer bench-dashboard bench-multiturn bench-resume bench-kv bench-constrained bench-fleet bench-fleet-sim soak soak-tests clean
+.PHONY: run test lint setup install blas browser services clients bench-cpu bench-single bench-concurrency bench-isolation bench-swap bench-enforcer bench-dashboard bench-multiturn bench-resume bench-kv bench-constrained bench-tracing bench-fleet bench-fleet-sim soak soak-tests clean
 
 run: setup
 	$(PY) manage.py serve
@@ -103,6 +103,10 @@ bench-kv: setup
 
 bench-constrained: setup
 	$(PY) benchmarks/constrained.py
+
+# 16 streams against two servers, request traces on and off, alternating wave by wave
+bench-tracing: setup
+	$(PY) benchmarks/tracing.py
 
 # three real hosts as one fleet (PostgreSQL and Redis started by the script) vs hosts chosen at random
 bench-fleet: setup services
