@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 from ..catalog.kinds import EMBEDDINGS
 from ..errors import InvalidRequest
+from ..traces.trace import current as current_trace
 from .door import Door
 from .specs import EmbeddingSpec
 
@@ -72,4 +73,7 @@ async def embed(door: Door, model_id: str, spec: EmbeddingSpec) -> Embeddings:
             tokens = [truncated(ids, info["max_tokens"]) for ids in tokens]
         check_tokens(tokens, max_tokens=info["max_tokens"], vocab_size=info["vocab_size"], model_id=entry.id)
         vectors = await engine.embed(tokens)
-    return Embeddings(entry.id, vectors, sum(len(t) for t in tokens))
+    count = sum(len(t) for t in tokens)
+    if (trace := current_trace.get()) is not None:
+        trace.prompt_tokens = trace.prefill_total = trace.prefill_done = count
+    return Embeddings(entry.id, vectors, count)

@@ -13,7 +13,7 @@ from ...runtime import get_runtime
 from ...strict_json import dumps_finite
 from ...traces import queries
 from ..auth import require_key_or_staff, staff_session_ok
-from ..errors import Forbidden, RouteNotFound
+from ..errors import Forbidden, RouteNotFound, Unauthorized
 from ..route import api_route
 
 
@@ -26,8 +26,12 @@ async def is_staff(request) -> bool:
 
 
 async def require_staff(request) -> None:
-    if not await is_staff(request):
-        raise Forbidden("Cancelling a request takes a staff login or the server's key (OMLX_API_KEY).")
+    if await is_staff(request):
+        return
+    if get_settings().api_key:
+        raise Unauthorized("Missing or wrong key: cancelling a request takes the server's key (OMLX_API_KEY) or "
+                           "a staff login.")
+    raise Forbidden("Cancelling a request takes a staff login (or the server's key, OMLX_API_KEY, when one is set).")
 
 
 def _number(request, name: str, kind, *, low=None, high=None):
