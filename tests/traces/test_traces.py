@@ -140,3 +140,15 @@ def test_the_list_pages_and_filters_and_the_summary_counts(server):
     metrics = server.get("/metrics").text
     assert f'request_ttft_seconds_count{{key="bootstrap",model="{DEMO}"}}' in metrics
     assert "request_queue_wait_seconds_bucket" in metrics and "request_decode_tokens_per_second_sum" in metrics
+
+
+def test_a_client_that_goes_away_is_traced_as_disconnected(server):
+    body = {"model": DEMO, "prompt": "x", "max_tokens": 8000, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=server.headers,
+                      timeout=60) as response:
+        request_id = response.headers["x-omlx-request-id"]
+        next(line for line in response.iter_lines() if line.startswith("data: {"))
+    trace = server.wait_for(lambda: server.get(f"/api/requests/{request_id}").json().get("ended") and
+                            server.get(f"/api/requests/{request_id}").json())
+    assert trace["disconnected"] is True and trace["cancelled"] is False and trace["finish_reason"] is None
+    server.wait_for(lambda: server.model(DEMO)["kv_bytes"] == 0)
