@@ -157,14 +157,20 @@
     }
   }
 
+  let shownKey = null;          // what the table shows: rebuilt only when the traces or the filter change
+  const SHOWN = 200;
+
   function renderActivity() {
-    syncModelOptions();
     const f = { model: filters.elements.model.value, status: filters.elements.status.value, q: filters.elements.q.value.trim() };
+    const key = JSON.stringify([f, opened, [...traces.keys()]]);
+    if (key === shownKey) return;
+    shownKey = key;
+    syncModelOptions();
     const all = [...traces.values()].sort((a, b) => (b.started || 0) - (a.started || 0));
     const shown = all.filter((t) => matches(t, f));
     const body = document.querySelector("#activity tbody");
     body.textContent = "";
-    for (const t of shown) {
+    for (const t of shown.slice(0, SHOWN)) {
       const tr = document.createElement("tr");
       tr.dataset.id = t.id;
       tr.dataset.model = t.model;
@@ -191,7 +197,8 @@
     }
     $("activity-empty").hidden = shown.length > 0;
     $("activity-empty").textContent = all.length ? "No request matches the filter." : "No requests yet.";
-    $("activity-count").textContent = all.length ? shown.length + " of " + all.length : "";
+    $("activity-count").textContent = all.length ? shown.length + " of " + all.length +
+      (shown.length > SHOWN ? " (the newest " + SHOWN + " shown)" : "") : "";
     if (opened && traces.has(opened)) showTrace(traces.get(opened), false);
   }
 
