@@ -172,7 +172,12 @@
       name.textContent = x.id;
       if (x.pinned) name.append(" ", badge("pinned", "tag tag-pinned"));
       const state = document.createElement("td");
-      state.appendChild(badge(x.state, "state state-" + x.state));
+      const lp = x.state === "loading" ? x.load_progress : null;   // the host's snapshot row: bytes of total
+      const stateBadge = badge(lp && lp.bytes_total ? "loading " + Math.floor((100 * lp.bytes_done) / lp.bytes_total) + "%" : x.state,
+                               "state state-" + x.state);
+      if (lp) stateBadge.title = ui.fmtBytes(lp.bytes_done) + " of " + ui.fmtBytes(lp.bytes_total) +
+        (lp.eta_seconds != null ? ", ~" + Math.max(1, Math.round(lp.eta_seconds)) + " s left" : "");
+      state.appendChild(stateBadge);
       const size = document.createElement("td");
       size.className = "num small";
       size.textContent = ui.fmtBytes(x.measured_bytes != null ? x.measured_bytes : x.size_bytes);
