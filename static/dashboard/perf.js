@@ -46,7 +46,7 @@
       plot = new uPlot({
         width: Math.max(240, area.clientWidth || 320), height: 150,
         scales: { x: { time: true }, tps: { range: (u, min, max) => [0, Math.max(1, max || 0) * 1.1] } },
-        axes: [{}, { values: (u, t) => t.map((v) => secs(u, v)), size: 56 },
+        axes: [{}, { values: (u, t) => t.map((v) => secs(u, v)), size: 70 },
                { scale: "tps", side: 1, grid: { show: false }, values: (u, t) => t.map((v) => v.toFixed(0)), size: 40 }],
         series: [{}, { label: "TTFT", stroke: "#7c3aed", width: 1.5, points: { show: true }, value: secs },
                  { label: "total", stroke: "#2563eb", width: 1.5, points: { show: true }, value: secs },
