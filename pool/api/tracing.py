@@ -6,6 +6,7 @@ completion fill in the rest. With OMLX_TRACES=off the view runs as it did withou
 from __future__ import annotations
 
 import asyncio
+import weakref
 from contextlib import aclosing
 from typing import AsyncIterator
 
@@ -49,6 +50,8 @@ async def run(view, request, args, kwargs, dialect: Dialect):
     if isinstance(response, StreamingHttpResponse) and response.is_async:
         trace.stream = True
         response.streaming_content = _until_sent(trace, response.streaming_content, request, response.status_code)
+        # a response dropped before its stream began (the client left first) never runs _until_sent
+        weakref.finalize(response, _dropped, traces, trace)
     else:
         traces.end(trace, status=response.status_code, request_body=_body(request, trace))
     return response
@@ -67,6 +70,12 @@ async def _until_sent(trace: Trace, events: AsyncIterator[bytes], request, statu
         if not finished:
             trace.disconnected = True
         traces.end(trace, status=status, request_body=_body(request, trace))
+
+
+def _dropped(traces, trace: Trace) -> None:
+    if trace.id in traces.in_flight:
+        trace.disconnected = True
+        traces.end(trace, status=499)
 
 
 def _body(request, trace: Trace) -> bytes | None:
