@@ -112,6 +112,21 @@ def _login(server: ServerCalls, username="admin", password="pw-Access-1") -> htt
     return browser
 
 
+def test_a_staff_session_may_use_the_client_routes_with_its_csrf_token(keyed):
+    """The dashboard's playground on a server with a key: the staff session stands for the key, on
+    this origin and with the CSRF token only."""
+    browser = _login(keyed, username="playground")
+    same = {"Origin": keyed.url, "Content-Type": "application/json"}
+    body = b'{"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}'
+    token = {"X-CSRFToken": browser.cookies["csrftoken"]}
+    r = browser.post("/v1/chat/completions", content=body, headers={**same, **token})
+    assert r.status_code == 200, r.text
+    r = browser.post("/v1/chat/completions", content=body, headers=same)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed", r.text
+    assert keyed.fetch("POST", "/v1/chat/completions", content=body, timeout=30,
+                       headers={"Content-Type": "application/json"}).status_code == 401
+
+
 def test_an_evil_origin_cannot_use_a_staff_session(keyed):
     keyed.post(f"/api/models/{TINY}/load", {})
     browser = _login(keyed)
