@@ -27,6 +27,7 @@ from ..policy.load_plan import LoadPlan, ModelView, auto_model_budget, fits_once
 from ..policy.load_progress import LoadRate
 from ..policy.pressure import prefill_step
 from ..policy.vocabulary import ActionKind, Change, Level, ModelState, Reason, Refusal
+from ..traces.trace import for_request
 from .engine_options import engine_options, prompt_cache_cap, wants_dequantize
 from .entries import Entry
 from .release_row import unload_fields
@@ -240,7 +241,7 @@ class EnginePool:
 
     async def _load(self, entry: Entry, plan: LoadPlan, requested_by: str | None) -> None:
         future = entry.load_future
-        detail = f"to load '{entry.id}'" + ("" if plan.with_headroom else " without KV headroom")
+        detail = f"to load '{entry.id}'{for_request()}" + ("" if plan.with_headroom else " without KV headroom")
         memory_free = threading.Event()
         pending = len(plan.victims)
 

@@ -173,3 +173,10 @@ def note_error(code: str | None) -> None:
     trace = current.get()
     if trace is not None:
         trace.note_error(code)
+
+
+def for_request() -> str:
+    """' for req_...' when the current task runs for a traced request (a load it started copied its
+    context), for the history rows its load writes; '' otherwise."""
+    trace = current.get()
+    return f" for {trace.id}" if trace is not None and trace.model is not None else ""

@@ -79,6 +79,7 @@ def test_a_request_that_loads_its_model_names_the_eviction_it_caused(server):
     assert trace["load_started"] is True and trace["load_model"] == DEMO and trace["load_ms"] > 0
     evicted = [e for e in server.events() if e["action"] == "unload" and e["requested_by"] == DEMO]
     assert evicted and trace["evictions"] == [evicted[0]["id"]]
+    assert evicted[0]["detail"].startswith(f"to load '{DEMO}' for {trace['id']}")   # the row names the request
     assert evicted[0]["model"] == "tiny-a"              # the least recently used
 
 
