@@ -4,7 +4,9 @@ refuse new ones, wait for the running ones, and end those left with the API's er
 Ending a request tells Django its client has gone (`http.disconnect`: the view's generators close
 and the engine drops the request, the same path as a real disconnect), then answers the client
 itself: the error envelope when nothing was sent yet, an SSE error event (and `[DONE]` on OpenAI's
-streams) inside a stream, or an NDJSON `{"error": ...}` line inside one of Ollama's."""
+streams) inside a stream, or an NDJSON `{"error": ...}` line inside one of Ollama's.
+
+When the last request in flight ends, freed heap memory goes back to the system (heap.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import time
 from pool.api.dialects import for_path
 from pool.api.errors import error_response, stream_error
 from pool.errors import Busy
+
+from .heap import HeapTrim
 
 SHUTTING_DOWN = "server_shutting_down"
 RETRY_AFTER = 5
@@ -77,10 +81,11 @@ class _Request:
 
 
 class InFlight:
-    def __init__(self, app):
+    def __init__(self, app, *, heap: HeapTrim | None = None):
         self.app = app
         self.draining = False
         self._requests: set[_Request] = set()
+        self.heap = heap or HeapTrim()    # freed memory goes back to the system when requests drain
 
     @property
     def count(self) -> int:
@@ -95,10 +100,13 @@ class InFlight:
             return
         request = _Request(scope["path"])
         self._requests.add(request)
+        self.heap.busy()
         try:
             await self.app(scope, request.wrap_receive(receive), request.wrap_send(send))
         finally:
             self._requests.discard(request)
+            if not self._requests:
+                self.heap.idle()
         if request.ending.is_set() and not request.finished:
             for message in closing_messages(started=request.started, sse=request.sse, path=request.path):
                 await send(message)
