@@ -151,6 +151,8 @@ class StoredResponse(models.Model):
     input_items = models.JSONField(default=list)
     output_items = models.JSONField(default=list)
     response = models.JSONField(default=dict)
+    owner = models.CharField(max_length=64, blank=True, default="",
+                             help_text="the API key's name that made it ('' without keys): only it may read it")
 
     class Meta:
         ordering = ["-created_at"]

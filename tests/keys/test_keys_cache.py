@@ -69,3 +69,19 @@ def test_the_disk_tier_keeps_keys_apart_across_a_restart(server, named):
     assert cached(server, named["hank"], prompt) == 0
     assert cached(server, named["gina"], prompt) > 100         # read back from disk, for gina only
     assert "gina" in keys(server, "list")
+
+
+def test_a_stored_response_belongs_to_the_key_that_made_it(server, named):
+    """Another key cannot read, continue or delete it: to that key the id does not exist."""
+    def client(key):
+        return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=120)
+    mine, theirs = client(named["gina"]), client(named["hank"])
+    first = mine.responses.create(model=DEMO, input="Say hi.", max_output_tokens=4)
+    for attempt in (lambda: theirs.responses.retrieve(first.id), lambda: theirs.responses.input_items.list(first.id),
+                    lambda: theirs.responses.delete(first.id),
+                    lambda: theirs.responses.create(model=DEMO, input="And?", max_output_tokens=2,
+                                                    previous_response_id=first.id)):
+        with pytest.raises(openai.NotFoundError):
+            attempt()
+    assert mine.responses.retrieve(first.id).id == first.id
+    assert mine.responses.create(model=DEMO, input="And?", max_output_tokens=2, previous_response_id=first.id).output

@@ -43,6 +43,7 @@ class ResponsesRequest:
     store: bool = True
     stream: bool = False
     namespaces: dict[str, str] = field(default_factory=dict)   # a namespace tool's function -> its namespace
+    owner: str = ""                            # the API key's name: whose stored responses it reads and writes
     truncation: str = "disabled"
     spec_fields: dict[str, Any] = field(default_factory=dict)   # CompletionSpec's, all but messages
     echo: dict[str, Any] = field(default_factory=dict)          # the response object's request fields

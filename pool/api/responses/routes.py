@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import aclosing
+from dataclasses import replace
 
 from django.http import JsonResponse
 
@@ -44,13 +45,19 @@ def _stream_error(error: PoolError, status: int, kind: str) -> bytes:
                 "param": error.param})
 
 
+def owner(request) -> str:
+    """Whose stored responses this request reads and writes: its API key's name ('' without keys)."""
+    key = getattr(request, "omlx_key", None)
+    return key.name if key is not None else ""
+
+
 RESPONSES = Dialect("openai-responses", openai_words.envelope, _stream_error)
 
 
 @api_route("POST", auth=require_key, wants=wants.responses_input)
 async def create(request):
-    req = parse_responses(json_body(request))
-    earlier = await store.conversation(req.previous_response_id) if req.previous_response_id else []
+    req = replace(parse_responses(json_body(request)), owner=owner(request))
+    earlier = await store.conversation(req.previous_response_id, req.owner) if req.previous_response_id else []
     conversation = [*earlier, *req.input]
     if not req.stream:
         completion, items = await opening(_open(req, conversation), req.model)
@@ -58,7 +65,7 @@ async def create(request):
         async with completion:
             body = await _collect(completion, _reader(completion), response)
         if req.store:
-            store.keep(body, items, body["output"])
+            store.keep(body, items, body["output"], req.owner)
         return JsonResponse(body)
     # a wait on a load past the keep-alive interval begins the stream with progress comments
     events = stream_after_load(_Opened.of(_open(req, conversation)), lambda o: _stream_opened(o, req), name=req.model,
@@ -140,7 +147,7 @@ async def _collect(completion, reader: _Reader, response: Response) -> dict:
 async def _stream(completion, reader: _Reader, events: EventStream, req: ResponsesRequest, items: list[dict]):
     start = events.start()
     if req.store:
-        store.streaming(start[0]["response"])        # GET shows it in_progress until it is written
+        store.streaming(start[0]["response"], req.owner)        # GET shows it in_progress until it is written
     try:
         async with completion, aclosing(_events(completion, reader, events, req, items)) as stream:
             yield b"".join(sse(e) for e in start)
@@ -162,7 +169,7 @@ async def _events(completion, reader: _Reader, events: EventStream, req: Respons
                 out += events.finish(finish_reason=chunk.finish_reason, usage=usage(
                     chunk.prompt_tokens, chunk.cached_tokens, chunk.completion_tokens))
                 if req.store and events.final is not None:
-                    store.keep(events.final, items, events.final["output"])   # before the client reads it
+                    store.keep(events.final, items, events.final["output"], req.owner)   # before the client reads it
             if out:
                 yield b"".join(sse(e) for e in out)
     except Exception as e:  # the stream has begun: error and response.failed events
@@ -179,15 +186,15 @@ async def _events(completion, reader: _Reader, events: EventStream, req: Respons
 @api_route("GET", "DELETE", auth=require_key)
 async def retrieve(request, response_id: str):
     if request.method == "DELETE":
-        await store.delete(response_id)
+        await store.delete(response_id, owner(request))
         return JsonResponse({"id": response_id, "object": "response", "deleted": True})
-    return JsonResponse(await store.get(response_id))
+    return JsonResponse(await store.get(response_id, owner(request)))
 
 
 @api_route("GET", auth=require_key)
 async def input_items(request, response_id: str):
     """The conversation's input items (earlier turns included), newest first unless ?order=asc."""
-    items = await store.input_items(response_id)
+    items = await store.input_items(response_id, owner(request))
     limit = integer({"limit": _int(request.GET.get("limit", "20"))}, "limit", minimum=1, maximum=100)
     if request.GET.get("order", "desc") == "desc":
         items = items[::-1]

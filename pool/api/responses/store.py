@@ -5,7 +5,9 @@ A response is written by a background task (`keep`) so that writing never holds 
 the task is remembered until it is done: a `previous_response_id`, GET or DELETE that names a
 response still being written waits for that write first (a client may send the next turn the moment
 it reads `response.completed`). Retention: OMLX_RESPONSES_DAYS and OMLX_RESPONSES_MAX, applied
-after each write. An unknown id is a 404; an id whose time is up is a 400 (and its row goes)."""
+after each write. An unknown id is a 404; an id whose time is up is a 400 (and its row goes). A
+response belongs to the API key that made it (its name; '' without keys): to another key it is
+unknown, a 404, as it would be on OpenAI's service for another organisation."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from ..errors import RouteNotFound
 log = logging.getLogger("pool.api.responses")
 
 _writing: dict[str, asyncio.Task] = {}     # response id -> the task writing it
-_streaming: dict[str, dict] = {}           # response id -> its body while it streams (status in_progress)
+_streaming: dict[str, tuple[str, dict]] = {}   # response id -> (owner, its body while it streams: in_progress)
 
 
 class ResponseNotFound(RouteNotFound):
@@ -35,21 +37,21 @@ def enabled() -> bool:
     return get_settings().responses_days > 0
 
 
-def streaming(response: dict) -> None:
+def streaming(response: dict, owner: str) -> None:
     """A stored response that has begun streaming: GET shows it `in_progress` until it is written."""
     if enabled():
-        _streaming[response["id"]] = response
+        _streaming[response["id"]] = (owner, response)
 
 
 def streamed(response_id: str) -> None:
     _streaming.pop(response_id, None)
 
 
-def keep(response: dict, input_items: list[dict], output_items: list[dict]) -> None:
+def keep(response: dict, input_items: list[dict], output_items: list[dict], owner: str) -> None:
     """Write the response in the background (the caller does not wait)."""
     if not enabled():
         return
-    task = asyncio.get_running_loop().create_task(_write(response, input_items, output_items))
+    task = asyncio.get_running_loop().create_task(_write(response, input_items, output_items, owner))
     _writing[response["id"]] = task
     task.add_done_callback(lambda t: _done(response["id"], t))
 
@@ -60,13 +62,13 @@ def _done(response_id: str, task: asyncio.Task) -> None:
         log.error("could not store response %s: %s", response_id, task.exception())
 
 
-async def _write(response: dict, input_items: list[dict], output_items: list[dict]) -> None:
+async def _write(response: dict, input_items: list[dict], output_items: list[dict], owner: str) -> None:
     settings = get_settings()
     now = timezone.now()
     await StoredResponse.objects.acreate(
         id=response["id"], model=response["model"], created_at=now,
         expires_at=now + timedelta(days=settings.responses_days),
-        input_items=input_items, output_items=output_items, response=response)
+        input_items=input_items, output_items=output_items, response=response, owner=owner)
     await StoredResponse.objects.filter(expires_at__lte=now).adelete()
     if settings.responses_max:
         old = [pk async for pk in StoredResponse.objects.order_by("-created_at", "-id")
@@ -80,12 +82,12 @@ async def flush() -> None:
     await asyncio.gather(*list(_writing.values()), return_exceptions=True)
 
 
-async def _row(response_id: str, *, param: str | None, what: str) -> StoredResponse:
+async def _row(response_id: str, owner: str, *, param: str | None, what: str) -> StoredResponse:
     pending = _writing.get(response_id)
     if pending is not None:
         await asyncio.gather(pending, return_exceptions=True)
     try:
-        row = await StoredResponse.objects.filter(id=response_id).afirst()
+        row = await StoredResponse.objects.filter(id=response_id, owner=owner).afirst()
     except DatabaseError as e:
         raise DatabaseBusy(f"The response store does not answer ({type(e).__name__}); try again.") from None
     code = "previous_response_not_found" if param else "not_found"
@@ -99,22 +101,23 @@ async def _row(response_id: str, *, param: str | None, what: str) -> StoredRespo
     return row
 
 
-async def conversation(previous_response_id: str) -> list[dict]:
+async def conversation(previous_response_id: str, owner: str) -> list[dict]:
     """The items a new turn continues: the previous response's input items, then its output."""
-    row = await _row(previous_response_id, param="previous_response_id", what="Previous response")
+    row = await _row(previous_response_id, owner, param="previous_response_id", what="Previous response")
     return [*row.input_items, *row.output_items]
 
 
-async def get(response_id: str) -> dict:
-    if response_id in _streaming and response_id not in _writing:
-        return _streaming[response_id]
-    return (await _row(response_id, param=None, what="Response")).response
+async def get(response_id: str, owner: str) -> dict:
+    live = _streaming.get(response_id)
+    if live is not None and live[0] == owner and response_id not in _writing:
+        return live[1]
+    return (await _row(response_id, owner, param=None, what="Response")).response
 
 
-async def input_items(response_id: str) -> list[dict]:
-    return (await _row(response_id, param=None, what="Response")).input_items
+async def input_items(response_id: str, owner: str) -> list[dict]:
+    return (await _row(response_id, owner, param=None, what="Response")).input_items
 
 
-async def delete(response_id: str) -> None:
-    await _row(response_id, param=None, what="Response")
-    await StoredResponse.objects.filter(id=response_id).adelete()
+async def delete(response_id: str, owner: str) -> None:
+    await _row(response_id, owner, param=None, what="Response")
+    await StoredResponse.objects.filter(id=response_id, owner=owner).adelete()
