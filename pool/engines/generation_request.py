@@ -42,6 +42,8 @@ class Request:
         if finish_reason != "stop":  # the stop (EOS) token itself is not text
             detok.add_token(token)
             self.generated += 1
+            if self.params.progress is not None and not self.index:
+                self.params.progress.generated = self.generated
             if logprob is not None:
                 self.logprobs.append(logprob)
         if finish_reason is not None:

@@ -264,4 +264,4 @@ def _sampling(spec: CompletionSpec, defaults: dict, kv: KVConfig, max_tokens: in
                           cache_prompt=spec.cache_prompt, kv=kv, n=spec.n, logit_bias=spec.logit_bias,
                           presence_penalty=spec.presence_penalty, frequency_penalty=spec.frequency_penalty,
                           repetition_penalty=spec.repetition_penalty, logprobs=spec.logprobs,
-                          constraint=constraint, cache_scope=spec.cache_scope)
+                          constraint=constraint, cache_scope=spec.cache_scope, progress=current_trace.get())

@@ -54,6 +54,7 @@ class Trace:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    generated: int = 0                  # the first choice's tokens so far (the engine thread counts them)
     admission_s: float | None = None
     slot_s: float | None = None
     load_s: float | None = None
@@ -148,7 +149,7 @@ class Trace:
             "disconnected": self.disconnected, "cancelled": self.cancelled, "phase": str(self.phase),
             "prefill_done": self.prefill_done, "prefill_total": self.prefill_total,
             "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
-            "completion_tokens": self.completion_tokens, "admission_ms": _ms(self.admission_s),
+            "completion_tokens": self.completion_tokens or self.generated, "admission_ms": _ms(self.admission_s),
             "slot_ms": _ms(self.slot_s), "load_ms": _ms(self.load_s), "load_model": self.load_model,
             "load_started": self.load_started, "prefill_ms": _ms(self.prefill_s), "ttft_ms": _ms(self.ttft_s),
             "decode_tps": self.decode_tps, "peak_kv_bytes": self.peak_kv_bytes,

@@ -93,6 +93,8 @@ def test_an_operator_cancels_a_stream_and_its_kv_is_given_back(server):
         live = server.wait_for(lambda: [t for t in server.get("/api/requests/live").json()["data"]
                                         if t["id"] == request_id and t["phase"] == "decoding"])
         assert live[0]["prefill_done"] == live[0]["prefill_total"] > 0
+        server.wait_for(lambda: [t for t in server.get("/api/requests/live").json()["data"]
+                                 if t["id"] == request_id and t["completion_tokens"] > 1])   # counted as they come
         assert server.model(DEMO)["kv_bytes"] > 0
         assert server.post(f"/api/requests/{request_id}/cancel", {}).json()["cancelled"] is True
         rest = [line for line in lines if line.startswith("data: ")]
