@@ -4,9 +4,9 @@ glibc's malloc keeps the pages a round of requests freed (MLX's smaller CPU buff
 JSON, SSE frames) in its arenas; with the two arenas process.py allows, they are rarely at the top
 of a heap, where free() alone would give them back. Measured on the demo model (benchmarks/rss_rounds.py,
 rounds of 32 streams): RSS grew 25-50 MB a round above MLX's active memory and stayed there, and the
-enforcer counts RSS as usage. malloc_trim(0) hands every free page back (madvise), costs a few ms
-per GB of heap, and runs here on a thread a moment after the last request in flight ends, at most
-once per TRIM_EVERY seconds: never while requests run, so it never slows one."""
+enforcer counts RSS as usage. malloc_trim(0) hands every free page back (madvise); it runs here on
+a thread a moment after the last request in flight ends, at most once per TRIM_EVERY seconds, so
+it does not hold up the event loop and runs while no request is being answered."""
 
 from __future__ import annotations
 
