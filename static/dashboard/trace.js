@@ -30,6 +30,7 @@
       id: String(t.id || ""),
       model: t.model || "",
       route: t.route || "",
+      host: t.host || "",
       dialect: t.dialect || "",
       status,
       http: t.status,
@@ -63,7 +64,7 @@
     title.textContent = "Request " + tr.id;
     const meta = document.createElement("span");
     meta.className = "muted small";
-    meta.textContent = [tr.model, tr.route, tr.http != null ? "HTTP " + tr.http : "", tr.status,
+    meta.textContent = [tr.model, tr.host ? "on " + tr.host : "", tr.route, tr.http != null ? "HTTP " + tr.http : "", tr.status,
                         tr.key ? "key " + tr.key : ""].filter(Boolean).join(" · ");
     head.append(title, " ", meta);
     box.appendChild(head);
