@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: run test lint setup install blas browser services clients bench-cpu bench-single bench-concurrency bench-isolation bench-swap bench-enforcer bench-dashboard bench-multiturn bench-resume bench-kv bench-constrained bench-tracing bench-fleet bench-fleet-sim soak soak-tests clean
+.PHONY: run test lint setup install blas browser services clients bench-cpu bench-single bench-concurrency bench-like-for-like bench-isolation bench-swap bench-enforcer bench-dashboard bench-multiturn bench-resume bench-kv bench-constrained bench-tracing bench-fleet bench-fleet-sim soak soak-tests clean
 
 run: setup
 	$(PY) manage.py serve
@@ -76,6 +76,10 @@ bench-single: setup
 
 bench-concurrency: setup
 	$(PY) benchmarks/concurrency.py
+
+# the same on a float32 copy of the demo model, every process with OpenBLAS preloaded (issue 22)
+bench-like-for-like: setup
+	$(PY) benchmarks/concurrency.py --like-for-like
 
 bench-isolation: setup
 	$(PY) benchmarks/isolation.py

@@ -12,6 +12,11 @@ omlx-site runs with OMLX_MAX_CONCURRENT = the top level, so every stream of a wa
 in mlx_lm.server (which decodes up to 32 at once).
 
     .venv/bin/python benchmarks/concurrency.py [--model PATH] [--levels 1,4,8,16] [--tokens 64] [--rounds 2]
+        [--like-for-like]
+
+--like-for-like (issue 22): every side on a float32 copy of the model folder, every process with
+Debian's OpenBLAS in LD_PRELOAD (_like_for_like.py), so the table compares the serving and not the
+CPU path; its defaults are --levels 1,4,8 --tokens 32.
 
 Columns: tok/s = completion tokens of the wave / its wall time (TTFT included); decode = the sum of
 each stream's (tokens - 1) / (last - first token time) (TTFT excluded); bound = decode / streams as
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -31,6 +37,7 @@ from pathlib import Path
 
 import httpx
 from _bandwidth import Bound
+from _like_for_like import float32_copy, preloaded, reexec_with_openblas
 from _models import demo_model
 from _servers import numbered_prompt, percentile, start_mlx_lm, start_omlx
 
@@ -121,10 +128,16 @@ def summary(waves: list[Wave]) -> dict:
             "cpu": statistics.median(w.client_cpu for w in waves)}
 
 
-def report(model: Path, args, results: dict, bound: Bound) -> None:
+def load_average() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def report(model: Path, args, results: dict, bound: Bound, loads: tuple[str, str]) -> None:
     s = {side: {level: summary(waves) for level, waves in by_level.items()} for side, by_level in results.items()}
     print(f"model {model.name}; {args.tokens} max tokens per request, greedy; {args.rounds} timed round(s) of "
           f"alternating waves; omlx-site with OMLX_MAX_CONCURRENT={max(args.levels)}; {bound.describe()}")
+    print(f"load average (1/5/15 min) at the start {loads[0]}, at the end {loads[1]}"
+          + (f"; like for like: float32 on every side, LD_PRELOAD={os.environ['LD_PRELOAD']}" if preloaded() else ""))
     print(f"{'streams':>7} | {'omlx tok/s':>10} {'mlx_lm tok/s':>12} {'raw tok/s':>9} | {'omlx/mlx_lm':>11} "
           f"{'omlx/raw':>8} | TTFT p50/p95 s: {'omlx':>11} {'mlx_lm':>11} {'raw':>11}")
     for level in args.levels:
@@ -155,11 +168,22 @@ def report(model: Path, args, results: dict, bound: Bound) -> None:
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=None, help="an mlx-lm model folder (default: the demo model)")
-    p.add_argument("--levels", type=lambda v: [int(x) for x in v.split(",")], default=[1, 4, 8, 16])
-    p.add_argument("--tokens", type=int, default=64, help="max_tokens of every request")
+    p.add_argument("--levels", type=lambda v: [int(x) for x in v.split(",")], default=None,
+                   help="streams per wave (default 1,4,8,16; like for like 1,4,8)")
+    p.add_argument("--tokens", type=int, default=None,
+                   help="max_tokens of every request (default 64; like for like 32)")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--like-for-like", action="store_true",
+                   help="every side on a float32 copy of the model, every process with OpenBLAS preloaded")
     args = p.parse_args()
+    if args.like_for_like:
+        reexec_with_openblas()              # returns in the process that has it
+    args.levels = args.levels or ([1, 4, 8] if args.like_for_like else [1, 4, 8, 16])
+    args.tokens = args.tokens or (32 if args.like_for_like else 64)
     model = args.model or demo_model()
+    if args.like_for_like:
+        model = float32_copy(model)
+    loads = [load_average()]
     bound = Bound(model)                     # before anything else runs on the device
     from mlx_lm import load
 
@@ -184,7 +208,7 @@ def main():
     finally:
         for server in servers:
             server.stop()
-    report(model, args, results, bound)
+    report(model, args, results, bound, (loads[0], load_average()))
 
 
 if __name__ == "__main__":

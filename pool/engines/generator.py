@@ -19,13 +19,13 @@ from typing import Any, AsyncIterator, Callable
 
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
-from mlx_lm.sample_utils import make_sampler
 
+from .admission import Arrivals, PromptEncoding
 from .generation_request import Outbox, Request, coalesced
 from .grammar import prepare as prepare_grammar
 from .lanes import BatchLane, SoloLane, new_cache, prefill_chunk
 from .loading import fill_weights, model_info, open_model
-from .processors import TokenText, logits_processors, token_logprob
+from .processors import TokenText, logits_processors, sampler, token_logprob
 from .prompt_cache import PromptCache, make_prompt_cache_store
 from .protocol import (
     CacheStats,
@@ -50,7 +50,7 @@ PREFILL_STEP = 512         # prompt tokens read per step until the pool sets its
 KV_GROWTH_STEP = 64 * 2**20   # the live KV grown by this much since the last report wakes the enforcer
 
 
-class TextEngine(EngineWorker):
+class TextEngine(PromptEncoding, EngineWorker):
     """One language model on one engine thread. Every public coroutine is safe to call from the event loop."""
 
     def __init__(self, model_id: str, path: Path, *, load: LoadOptions = LoadOptions(),
@@ -72,6 +72,7 @@ class TextEngine(EngineWorker):
         self._prefills: list[SharedPrefill] = []       # prompts read once for several choices
         self._token_text: TokenText | None = None       # made for the first request asking for logprobs
         self._outbox = Outbox()
+        self.arrivals = Arrivals()     # requests arriving together start in one step (admission.py)
         self._stats_at = 0.0
         self._stats_stale = False     # a request left since the KV sizes were last read
         self._weight_bytes = 0
@@ -97,29 +98,6 @@ class TextEngine(EngineWorker):
         if self._tokenizer is not None:
             prepare_grammar(self._tokenizer)
 
-    # ---- prompts ---------------------------------------------------------------------------
-
-    @property
-    def tokenizer(self):
-        return self._tokenizer
-
-    @property
-    def vocab_size(self) -> int | None:
-        return len(self._tokenizer) if self._tokenizer is not None else None
-
-    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-        """The prompt of a chat; `tools` (OpenAI function tools) go to the chat template, which
-        renders them where it knows how (one without tool support ignores them)."""
-        tok = self._tokenizer
-        if getattr(tok, "has_chat_template", False):
-            extra = {"tools": list(tools)} if tools else {}
-            return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra))
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
-        return list(tok.encode(text))
-
-    def encode_text(self, prompt: str) -> list[int]:
-        return list(self._tokenizer.encode(prompt))
-
     # ---- generation ------------------------------------------------------------------------
 
     async def generate(self, tokens: list[int], params: SamplingParams) -> AsyncIterator[Chunk]:
@@ -130,7 +108,9 @@ class TextEngine(EngineWorker):
         first = Request(tokens=tokens, params=params, loop=loop)
         choices = [first] + [Request(tokens=tokens, params=params, loop=loop, ready=first.ready,
                                      arrived=first.arrived, index=i) for i in range(1, params.n)]
-        if not self._post(lambda: self._insert(choices), refused=functools.partial(self._refuse, choices)):
+        posted = self._post(lambda: self._insert(choices), refused=functools.partial(self._refuse, choices))
+        self.arrivals.arrived()
+        if not posted:
             raise unloaded()
         unfinished = len(choices)
         try:
@@ -185,15 +165,21 @@ class TextEngine(EngineWorker):
     def _work(self) -> None:
         self._step()
 
+    def _admission_wait(self) -> float:
+        return self.arrivals.wait()
+
     def _after_commands(self) -> None:
-        if self._stats_stale and not (self._requests or self._prefills):
-            self._update_cache_stats()   # the last request left between steps: its KV is gone
+        if not (self._requests or self._prefills):
+            self.arrivals.idle()         # an insert that failed starts no step
+            if self._stats_stale:
+                self._update_cache_stats()   # the last request left between steps: its KV is gone
         self._outbox.flush()
 
     def _insert(self, choices: list[Request]) -> None:
         """A request's choices: one starts in its lane at once; several have their prompt read once
         (a SharedPrefill, stepped with the lanes) and then start together."""
         req, p = choices[0], choices[0].params
+        self.arrivals.inserted()
         try:   # anything that fails here ends this request, never the engine's thread
             if p.seed is not None:
                 mx.random.seed(p.seed)
@@ -221,7 +207,7 @@ class TextEngine(EngineWorker):
             self._token_text = TokenText(self._tokenizer)
         req.uid = self._lanes[req.lane].insert(
             tokens, cache=cache, all_tokens=all_tokens, max_tokens=p.max_tokens,
-            sampler=make_sampler(temp=p.temperature, top_p=p.top_p if p.top_p < 1.0 else 0.0),
+            sampler=sampler(p.temperature, p.top_p),
             processors=logits_processors(p, self._tokenizer))
         req.detokenizer = self._tokenizer.detokenizer
         self._requests[(req.lane, req.uid)] = req
@@ -300,6 +286,7 @@ class TextEngine(EngineWorker):
             self._outbox.emit(req, error)
 
     def _step(self) -> None:
+        self.arrivals.stepped()
         if self._prefills:
             self._step_prefills()
         for key, lane in list(self._lanes.items()):

@@ -67,9 +67,10 @@ class Mailbox:
                 return True
         return False
 
-    def get(self, block: bool = True) -> Command:
-        """The next command; raises queue.Empty when `block` is off and there is none."""
-        return self._queue.get(block=block)
+    def get(self, block: bool = True, timeout: float | None = None) -> Command:
+        """The next command; raises queue.Empty when `block` is off and there is none, or when
+        none came within `timeout`."""
+        return self._queue.get(block=block, timeout=timeout)
 
     def close(self) -> list[Command]:
         """Refuse every later command; returns those not taken yet, to be answered by the caller."""

@@ -4,16 +4,25 @@ steps do none of this."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import mlx.core as mx
-from mlx_lm.sample_utils import make_logits_processors, make_repetition_penalty
+from mlx_lm.sample_utils import make_logits_processors, make_repetition_penalty, make_sampler
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer, _byte_decoder
 
 from .grammar import make_processor
 from .protocol import SamplingParams, TokenLogprob
 
 REPETITION_CONTEXT = 20     # tokens the repetition penalty looks back over (mlx-lm's default)
+
+
+@functools.lru_cache(maxsize=64)
+def sampler(temperature: float, top_p: float) -> Callable:
+    """mlx-lm's sampler for these settings, one object for all requests with them (it keeps no
+    state): a batch whose requests share one samples in one call, where distinct ones cost a call
+    and a concatenate per request and step (mlx-lm's GenerationBatch; greedy was shared already)."""
+    return make_sampler(temp=temperature, top_p=top_p if top_p < 1.0 else 0.0)
 
 
 def logits_processors(params: SamplingParams, tokenizer) -> list[Callable]:

@@ -127,6 +127,8 @@ class EngineWorker:
     def _serve(self) -> None:
         while self._stop is None:
             self._take_commands(block=not (self._has_work() or self._idle_jobs))
+            while self._stop is None and (wait := self._admission_wait()) > 0:
+                self._take_commands(block=True, timeout=wait)    # requests on their way join this step
             if self._stop is None and self._has_work():
                 self._work()
             elif self._stop is None and self._idle_jobs:
@@ -135,10 +137,10 @@ class EngineWorker:
         stop, self._stop = self._stop, None
         stop.settle(self._measured_release(stop.message))
 
-    def _take_commands(self, block: bool) -> None:
+    def _take_commands(self, block: bool, timeout: float | None = None) -> None:
         while True:
             try:
-                command = self._mailbox.get(block=block)
+                command = self._mailbox.get(block=block, timeout=timeout)
             except queue.Empty:
                 return
             block = False
@@ -186,6 +188,10 @@ class EngineWorker:
 
     def _work(self) -> None:
         """One piece of that work (a decode step, say)."""
+
+    def _admission_wait(self) -> float:
+        """Seconds to wait for more commands before the next piece of work (requests on their way)."""
+        return 0.0
 
     def _after_commands(self) -> None:
         """After each round of commands and work (a generator hands its output to the loop here)."""
