@@ -108,9 +108,8 @@ class TextEngine(PromptEncoding, EngineWorker):
         first = Request(tokens=tokens, params=params, loop=loop)
         choices = [first] + [Request(tokens=tokens, params=params, loop=loop, ready=first.ready,
                                      arrived=first.arrived, index=i) for i in range(1, params.n)]
-        posted = self._post(lambda: self._insert(choices), refused=functools.partial(self._refuse, choices))
-        self.arrivals.arrived()
-        if not posted:
+        self.arrivals.arrived()     # before the post: the engine thread never waits for this one
+        if not self._post(lambda: self._insert(choices), refused=functools.partial(self._refuse, choices)):
             raise unloaded()
         unfinished = len(choices)
         try:
