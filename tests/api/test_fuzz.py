@@ -127,12 +127,13 @@ ROUTES = {   # path -> (envelope, base body, fields)
     "/api/embed": (OLLAMA, {"model": MINILM, "input": "hello"}, OLLAMA_EMBED_FIELDS),
     "/api/embeddings": (OLLAMA, {"model": MINILM, "prompt": "hello"}, OLLAMA_EMBEDDINGS_FIELDS),
     "/api/show": (OLLAMA, {"model": DEMO}, OLLAMA_SHOW_FIELDS),
+    "/api/requests/req_nope/cancel": (OPENAI, {}, {}),
 }
 EXAMPLES = {"/v1/chat/completions": 40, "/v1/completions": 20, "/v1/messages": 30, "/v1/messages/count_tokens": 15,
             "/v1/embeddings": 15, f"/admin/model/{TINY}/settings": 30, f"/api/models/{TINY}/load": 4,
             f"/api/models/{TINY}/unload": 4, "/api/rediscover": 3, "/api/enforcer/tick": 3,
             "/v1/responses": 30, "/api/chat": 30, "/api/generate": 25, "/api/embed": 10, "/api/embeddings": 8,
-            "/api/show": 8}
+            "/api/show": 8, "/api/requests/req_nope/cancel": 3}
 FUZZ = settings(derandomize=True, database=None, deadline=None, print_blob=False,
                 phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
 
@@ -182,7 +183,8 @@ GRID = {"true": True, "a string": "x", "an object": {}, "-1": -1, "0": 0, "2**63
 # The fields each route parses itself; completions and count_tokens share the rest with chat and messages.
 GRID_FIELDS = {"/v1/completions": ["prompt", "logprobs", "echo", "suffix", "max_tokens"],
                "/v1/messages/count_tokens": ["messages", "system", "tools"],
-               f"/api/models/{TINY}/load": [], "/api/rediscover": [], "/api/enforcer/tick": []}
+               f"/api/models/{TINY}/load": [], "/api/rediscover": [], "/api/enforcer/tick": [],
+               "/api/requests/req_nope/cancel": []}
 PARALLEL = 4   # generation routes take these bodies at once (batched); settings one by one (one SQLite row)
 GENERATING = ("/v1/", "/api/chat", "/api/generate", "/api/embed")
 
@@ -274,5 +276,22 @@ def test_stored_response_ids_in_the_path_get_a_404_in_the_envelope(server):
             problem = answer_problem(OPENAI, r.status_code, r.headers.get("content-type", ""), r.content)
             if problem or r.status_code != 404:
                 findings.append(Finding(f"{method} {path}", "", problem or f"status {r.status_code}"))
+    assert server.get("/health").status_code == 200
+    assert not findings, "\n".join(str(f) for f in findings)
+
+
+REQUEST_QUERIES = [{"since": "x"}, {"since": "1e400"}, {"since": "-1"}, {"limit": "-1"}, {"limit": "9" * 30},
+                   {"limit": "1.5"}, {"before": "%00"}, {"before": "req_nope"}, {"status": "abc"}, {"status": "9" * 30},
+                   {"model": "a" * 5000}, {"key": "\u00e9"}]
+
+
+def test_the_request_log_takes_any_query_with_a_200_or_a_4xx(server):
+    findings = []
+    for params in REQUEST_QUERIES:
+        for path in ("/api/requests", "/api/requests/summary", "/api/requests/live"):
+            r = server.fetch("GET", path, params=params, headers=server.headers, timeout=SECONDS_PER_REQUEST)
+            problem = answer_problem(OPENAI, r.status_code, r.headers.get("content-type", ""), r.content)
+            if problem:
+                findings.append(Finding(f"GET {path}", str(params)[:200], problem))
     assert server.get("/health").status_code == 200
     assert not findings, "\n".join(str(f) for f in findings)

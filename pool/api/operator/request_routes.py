@@ -4,6 +4,8 @@ text (a model's trace_body_bytes) is shown only to staff: a staff session, or OM
 
 from __future__ import annotations
 
+import math
+
 from django.http import HttpResponse
 
 from ...api_key import key_valid
@@ -34,6 +36,9 @@ async def require_staff(request) -> None:
     raise Forbidden("Cancelling a request takes a staff login (or the server's key, OMLX_API_KEY, when one is set).")
 
 
+SINCE_MAX = 32503680000.0      # the year 3000: a datetime still holds it
+
+
 def _number(request, name: str, kind, *, low=None, high=None):
     raw = request.GET.get(name)
     if raw in (None, ""):
@@ -42,6 +47,8 @@ def _number(request, name: str, kind, *, low=None, high=None):
         value = kind(raw)
     except ValueError:
         raise InvalidRequest(f"'{name}' must be a number", param=name) from None
+    if not math.isfinite(value):
+        raise InvalidRequest(f"'{name}' must be a finite number", param=name)
     if (low is not None and value < low) or (high is not None and value > high):
         raise InvalidRequest(f"'{name}' must be between {low} and {high}", param=name)
     return value
@@ -54,7 +61,7 @@ async def requests(request):
         raise InvalidRequest("'status' is a number (200, 503), 'ok' or 'error'", param="status")
     limit = _number(request, "limit", int, low=1, high=queries.MAX_PAGE) or 100
     return _json(await queries.apage(model=request.GET.get("model") or None, key=request.GET.get("key") or None,
-                                     status=status, since=_number(request, "since", float, low=0),
+                                     status=status, since=_number(request, "since", float, low=0, high=SINCE_MAX),
                                      before=request.GET.get("before") or None, limit=limit,
                                      body=await is_staff(request)))
 
