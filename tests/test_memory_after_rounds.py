@@ -16,6 +16,9 @@ import pytest
 from omlx_site.heap import TRIM_DELAY
 from tests.conftest import DEMO
 
+# Rounds of 32 streams for two minutes: a benchmark's run, kept out of `make test` (`make soak-tests` runs it).
+pytestmark = pytest.mark.slow
+
 STREAMS = 32
 MB = 2**20
 OPENING = "You are a careful assistant who answers in full sentences and checks each step twice. "
