@@ -27,10 +27,14 @@ def _messages(value: Any) -> list[Any] | None:
     return value if isinstance(value, list) else None
 
 
+def _chat(body: dict[str, Any], model: str | None) -> Want | None:
+    """A chat's want: its model and its messages (for prompt-prefix keys)."""
+    return Want(model, messages=_messages(body.get("messages"))) if model else None
+
+
 def openai_chat(request, kwargs) -> Want | None:
     body = _body(request)
-    model = _model(body)
-    return Want(model, messages=_messages(body.get("messages"))) if model else None
+    return _chat(body, _model(body))
 
 
 def openai_completion(request, kwargs) -> Want | None:
@@ -94,8 +98,7 @@ def _ollama_model(body: dict[str, Any]) -> str | None:
 
 def ollama_chat(request, kwargs) -> Want | None:
     body = _body(request)
-    model = _ollama_model(body)
-    return Want(model, messages=_messages(body.get("messages"))) if model else None
+    return _chat(body, _ollama_model(body))
 
 
 def ollama_generate(request, kwargs) -> Want | None:
