@@ -11,17 +11,12 @@ import sys
 import httpx
 import pytest
 
+from tests.access_fixtures import csrf_token
 from tests.conftest import DEMO, ROOT
 from tests.keys.helpers import BOOT, bearer, status
 
 USER, PASSWORD = "admin", "a-long-test-password-8"
 SHOWN = re.compile(r"is (?:now )?(omlx-[A-Za-z0-9_-]+)")
-
-
-def csrf_token(html: str) -> str:
-    match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', html)
-    assert match, html[:2000]
-    return match[1]
 
 
 @pytest.fixture(scope="module")

@@ -9,16 +9,11 @@ import sys
 import httpx
 import pytest
 
+from tests.access_fixtures import csrf_token
 from tests.conftest import DEMO, ROOT
 
 USER, PASSWORD = "admin", "a-long-test-password-7"
 EVENT_LINK = re.compile(r'href="/admin/pool/evictionevent/(\d+)/change/')
-
-
-def csrf_token(html: str) -> str:
-    match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', html)
-    assert match, html[:2000]
-    return match[1]
 
 
 @pytest.fixture
