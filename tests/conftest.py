@@ -165,6 +165,7 @@ class Server(ServerCalls):
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = home / "server.log"
         self.proc: subprocess.Popen | None = None
+        self.clients: list = []      # the SDK clients made by openai() and anthropic(), closed by stop()
 
     def start(self, timeout: float = 60) -> "Server":
         if getattr(self, "log", None) is not None:
@@ -199,6 +200,11 @@ class Server(ServerCalls):
         finally:
             if getattr(self, "log", None) is not None:
                 self.log.close()
+            # closed here, not left to the collector: an SDK client is a reference cycle, and its open
+            # sockets, finalised in whatever later test collects it, fail that test (ResourceWarning)
+            for client in self.clients:
+                client.close()
+            self.clients.clear()
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -230,14 +236,19 @@ class Server(ServerCalls):
 
     def openai(self, **kw):
         from openai import OpenAI
+        kw.setdefault("api_key", self.env.get("OMLX_API_KEY") or "none")
         kw.setdefault("max_retries", 0)
-        return OpenAI(base_url=self.url + "/v1", api_key=self.env.get("OMLX_API_KEY") or "none", timeout=120, **kw)
+        kw.setdefault("timeout", 120)
+        self.clients.append(OpenAI(base_url=self.url + "/v1", **kw))
+        return self.clients[-1]
 
     def anthropic(self, **kw):
         from anthropic import Anthropic
         kw.setdefault("api_key", self.env.get("OMLX_API_KEY") or "none")
         kw.setdefault("max_retries", 0)
-        return Anthropic(base_url=self.url, timeout=120, **kw)
+        kw.setdefault("timeout", 120)
+        self.clients.append(Anthropic(base_url=self.url, **kw))
+        return self.clients[-1]
 
 
 class BackgroundStream:
@@ -364,3 +375,14 @@ def minilm_dir(session_dir) -> Path:
         if missing:
             unpack_embedding_model(out)
     return out
+
+
+if os.environ.get("OMLX_TEST_GC_EACH"):
+    # Diagnosis for an unclosed socket or file reported in whichever later test runs the collector:
+    # collecting after each test pins the report on the test that left it.
+    import gc
+
+    @pytest.fixture(autouse=True)
+    def _collect_after_each_test():
+        yield
+        gc.collect()

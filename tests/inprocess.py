@@ -222,9 +222,9 @@ class InProcessServer(ServerCalls):
 
     def openai(self, **kw):
         from openai import OpenAI
+        kw.setdefault("api_key", self.env.get("OMLX_API_KEY") or "none")
         kw.setdefault("max_retries", 0)
-        return OpenAI(base_url=self.url + "/v1", api_key=self.env.get("OMLX_API_KEY") or "none", timeout=120,
-                      http_client=self._client(httpx2, timeout=120), **kw)
+        return OpenAI(base_url=self.url + "/v1", timeout=120, http_client=self._client(httpx2, timeout=120), **kw)
 
     def anthropic(self, **kw):
         from anthropic import Anthropic

@@ -95,24 +95,24 @@ def test_sigterm_ends_a_stream_and_a_queued_request_after_the_grace_and_exits_0(
 
 def test_a_request_that_finishes_within_the_grace_gets_its_answer(tiny_server):
     server = tiny_server(OMLX_SHUTDOWN_GRACE="60")
-    client = httpx.Client(base_url=server.url, timeout=60)   # keeps its connection open
-    assert client.get("/health").status_code == 200
-    running = _in_thread(lambda: httpx.post(server.url + "/v1/completions", timeout=60, json={
-        "model": TINY, "prompt": "x", "max_tokens": 30}))
-    server.wait_for(lambda: server.model(TINY)["active_requests"] == 1)
+    with httpx.Client(base_url=server.url, timeout=60) as client:   # keeps its connection open
+        assert client.get("/health").status_code == 200
+        running = _in_thread(lambda: httpx.post(server.url + "/v1/completions", timeout=60, json={
+            "model": TINY, "prompt": "x", "max_tokens": 30}))
+        server.wait_for(lambda: server.model(TINY)["active_requests"] == 1)
 
-    started = time.monotonic()
-    server.proc.send_signal(signal.SIGTERM)
-    server.wait_for(lambda: _refuses_connections(server), timeout=5)
-    refused = client.get("/health")   # an open connection is told, not left hanging
-    assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_shutting_down"
+        started = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        server.wait_for(lambda: _refuses_connections(server), timeout=5)
+        refused = client.get("/health")   # an open connection is told, not left hanging
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_shutting_down"
 
-    running["thread"].join(60)
-    answer = running["result"]
-    assert answer.status_code == 200, answer.text
-    assert answer.json()["usage"]["completion_tokens"] == 30
-    assert server.proc.wait(30) == 0
-    assert time.monotonic() - started < 30   # it left as soon as nothing was running, not after 60 s
+        running["thread"].join(60)
+        answer = running["result"]
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["completion_tokens"] == 30
+        assert server.proc.wait(30) == 0
+        assert time.monotonic() - started < 30   # it left as soon as nothing was running, not after 60 s
     _closed_cleanly(server)
 
 

@@ -29,11 +29,11 @@ def limited(server) -> str:
 
 
 def oa(server, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=120)
+    return server.openai(api_key=key)
 
 
 def an(server, key: str) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.url, api_key=key, max_retries=0, timeout=120)
+    return server.anthropic(api_key=key)
 
 
 def test_a_key_made_with_the_command_is_served_listed_without_its_secret_and_rotated(server):

@@ -30,8 +30,7 @@ def named(server) -> dict[str, str]:
 
 
 def cached(server, key: str, prompt: str = PROMPT, headers: dict | None = None) -> int:
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=120,
-                           default_headers=headers)
+    client = server.openai(api_key=key, default_headers=headers)
     reply = client.chat.completions.create(model=DEMO, messages=[{"role": "user", "content": prompt}], max_tokens=1,
                                            temperature=0)
     return reply.usage.prompt_tokens_details.cached_tokens
@@ -74,7 +73,7 @@ def test_the_disk_tier_keeps_keys_apart_across_a_restart(server, named):
 def test_a_stored_response_belongs_to_the_key_that_made_it(server, named):
     """Another key cannot read, continue or delete it: to that key the id does not exist."""
     def client(key):
-        return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=120)
+        return server.openai(api_key=key)
     mine, theirs = client(named["gina"]), client(named["hank"])
     first = mine.responses.create(model=DEMO, input="Say hi.", max_output_tokens=4)
     for attempt in (lambda: theirs.responses.retrieve(first.id), lambda: theirs.responses.input_items.list(first.id),
