@@ -298,6 +298,7 @@ class TextEngine(PromptEncoding, EngineWorker):
                 log.exception("generation step failed on %s", self.model_id)
                 self._fail_lane(key, EngineError(f"generation failed: {type(e).__name__}"))
                 continue
+            self._note_prompt_read(key, lane)
             for step in steps:
                 req = self._requests.get((key, step.uid))
                 if req is None:
@@ -313,6 +314,12 @@ class TextEngine(PromptEncoding, EngineWorker):
             self._retire(key)
         if time.monotonic() - self._stats_at >= STATS_INTERVAL or not self._requests:
             self._update_cache_stats()
+
+    def _note_prompt_read(self, key, lane) -> None:
+        for uid, read in lane.prompt_read().items():
+            req = self._requests.get((key, uid))
+            if req is not None and req.params.progress is not None and not req.index:
+                req.params.progress.prefill_done = read
 
     def _fail_lane(self, key, error: EngineError) -> None:
         for req in [r for (k, _), r in self._requests.items() if k == key]:

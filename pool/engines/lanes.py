@@ -83,6 +83,8 @@ class BatchLane:
         self._in_batch: dict[int, int] = {}          # generator uid -> lane uid
         self._batched: dict[int, Pending] = {}       # lane uid -> how it entered (sampler, max_tokens)
         self._generated: dict[int, int] = {}         # lane uid -> tokens generated in the batch
+        self._prefix: dict[int, int] = {}            # lane uid -> tokens whose KV it brought (a cache hit)
+        self._read: dict[int, int] = {}              # lane uid -> prompt tokens with KV now, since last asked
         self._prefill_step = 2048
 
     def set_prefill_step(self, tokens: int) -> None:
@@ -130,11 +132,13 @@ class BatchLane:
         self._in_batch[g] = p.uid
         self._batched[p.uid] = replace(p, cache=None, all_tokens=[])   # the generator holds the KV now
         self._generated[p.uid] = 0
+        self._prefix[p.uid] = len(p.all_tokens)
 
     def _step_single(self) -> list[Step]:
         alone = self._single
         out = alone.step(self._prefill_step)
         if out is None:
+            self._read[alone.uid] = len(alone.fed)
             return []
         token, logprobs, finish = out
         if finish is None:
@@ -144,7 +148,11 @@ class BatchLane:
         return [Step(alone.uid, token, finish, cache, tokens, logprobs)]
 
     def _step_batch(self) -> list[Step]:
-        _, responses = self._generator.next()
+        prompts, responses = self._generator.next()
+        for r in prompts:
+            uid = self._in_batch.get(r.uid)
+            if uid is not None and not r.end_of_prompt:
+                self._read[uid] = self._prefix[uid] + r.progress[0]
         steps = []
         for r in responses:
             uid = self._in_batch.get(r.uid)
@@ -175,6 +183,14 @@ class BatchLane:
         uid = self._in_batch.pop(g)
         self._batched.pop(uid, None)
         self._generated.pop(uid, None)
+        self._prefix.pop(uid, None)
+        self._read.pop(uid, None)
+
+    def prompt_read(self) -> dict[int, int]:
+        """The requests whose prompt advanced since the last call: lane uid -> its tokens with KV
+        (a cache hit's included), for their traces' prefill progress."""
+        read, self._read = self._read, {}
+        return read
 
     def remove(self, uid: int, *, keep_cache: bool = False):
         """Take a request out; with keep_cache, returns (its KV, its tokens) for the prompt cache."""
@@ -247,6 +263,9 @@ class SoloLane:
             self._steps.close()
             self._steps = None
         return [Step(self._uid, token, finish, logprobs=logprobs)]
+
+    def prompt_read(self) -> dict[int, int]:
+        return {}                                     # generate_step reads the whole prompt in one step
 
     def remove(self, uid: int, *, keep_cache: bool = False):
         if self._steps is not None:

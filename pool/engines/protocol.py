@@ -71,7 +71,7 @@ class SamplingParams:
     logprobs: int | None = None    # None: off; k: each token's logprob and the k most likely
     constraint: Any = None         # has make_processor(tokenizer) -> a logits processor
     cache_scope: str | None = None  # prompt cache entries it may reuse and makes: its API key's (None: shared)
-    progress: Any = None           # the engine thread sets its `generated` (tokens so far): the request's trace
+    progress: Any = None           # the request's trace: the engine thread sets its `generated` and `prefill_done`
 
     @property
     def processed(self) -> bool:

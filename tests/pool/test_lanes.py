@@ -115,3 +115,19 @@ def test_prompts_enter_the_batch_shortest_first(incoming, unstarted, enter):
     now, later = shortest_first(pendings, unstarted)
     assert [len(p.tokens) for p in now] == enter
     assert sorted(p.uid for p in now + later) == list(range(len(incoming)))
+
+
+@pytest.mark.parametrize("company", [0, 1], ids=["alone", "in the batch"])
+def test_a_long_prompt_reports_its_tokens_read_chunk_by_chunk(demo, company):
+    model, tokenizer = demo
+    long = prompt(tokenizer, "Tell me about the sea. " * 40)
+    lane = lane_for(model, tokenizer)
+    lane.set_prefill_step(64)
+    uid = insert(lane, long, 2)
+    for _ in range(company):
+        insert(lane, long[:40], 2)
+    reads = []
+    while not any(s.uid == uid for s in lane.step()):
+        reads += [n for u, n in lane.prompt_read().items() if u == uid]
+    assert len(reads) >= len(long) // 64 - 1 and reads == sorted(reads) and 0 < reads[0] < reads[-1] < len(long)
+    assert lane.prompt_read() == {}                     # said once
