@@ -1,8 +1,11 @@
-"""Time to first token, turn by turn, of one chat on a long history: omlx-site vs mlx_lm.server on
-the same model folder, and raw mlx-lm reusing its prompt cache by hand (the floor).
+"""Time to first token, turn by turn, of one chat on a long history: omlx-site (with its disk tier,
+and without: OMLX_PROMPT_CACHE_DISK_BYTES=off) vs mlx_lm.server on the same model folder, and raw
+mlx-lm reusing its prompt cache by hand (the floor).
 
 Each turn sends the whole history, as chat clients do; a server with a prefix cache reads only the
-new message. The servers run one after the other in this one run, on the same prompts.
+new message. The servers run one after the other in this one run, on the same prompts, each warmed
+first by a chat of the same length on another text (so turn 1 meets compiled kernels, not a cache).
+Each row is printed as soon as its side is done.
 
     .venv/bin/python benchmarks/multiturn.py [--model PATH] [--history-tokens 1500] [--turns 5]
 """
@@ -27,10 +30,14 @@ QUESTIONS = ["What did the keeper write down?", "Why did he count the steps?", "
 ANSWER_TOKENS = 16
 
 
-def history(tokenizer, target_tokens: int) -> list[dict]:
-    text = STORY
+WARM_STORY = ("A small boat crossed the grey harbour at dawn, its engine coughing, gulls following the "
+              "nets that the two brothers hauled in while the town behind them slowly woke up. ")
+
+
+def history(tokenizer, target_tokens: int, story: str = STORY) -> list[dict]:
+    text = story
     while len(tokenizer.encode(text)) < target_tokens:
-        text += STORY
+        text += story
     return [{"role": "user", "content": "Read this story.\n\n" + text},
             {"role": "assistant", "content": "I have read it."}]
 
@@ -80,23 +87,29 @@ def main():
     from mlx_lm.utils import load_tokenizer
 
     base = history(load_tokenizer(model), args.history_tokens)
+    warm = history(load_tokenizer(model), args.history_tokens, WARM_STORY)
+    sides = {"omlx-site": lambda: start_omlx(model),
+             "omlx-site, tier off": lambda: start_omlx(model, OMLX_PROMPT_CACHE_DISK_BYTES="off"),
+             "mlx_lm.server": lambda: start_mlx_lm(model)}
+    print(f"model {model.name}; history of {args.history_tokens}+ tokens; {args.turns} turns; TTFT in seconds")
+    print(f"{'':28}" + "".join(f"{f'turn {i + 1}':>10}" for i in range(args.turns)), flush=True)
     results = {}
-    for start in (start_omlx, start_mlx_lm):
-        server = start(model)
+    for name, start in sides.items():
+        server = start()
         try:
-            server.stream_chat([{"role": "user", "content": "hi"}], 2)       # load and warm up
-            results[server.name] = chat_turns(server, base, args.turns)
+            server.stream_chat(warm + [{"role": "user", "content": QUESTIONS[-1]}], ANSWER_TOKENS)
+            results[name] = chat_turns(server, base, args.turns)
         finally:
             server.stop()
-    results["raw mlx-lm (cache by hand)"] = raw_turns(model, base, args.turns)
+        print(f"{name:28}" + "".join(f"{t:10.3f}" for t in results[name]), flush=True)
+    results["raw mlx-lm (cache by hand)"] = raw = raw_turns(model, base, args.turns)
+    print(f"{'raw mlx-lm (cache by hand)':28}" + "".join(f"{t:10.3f}" for t in raw), flush=True)
 
     ours, peer = results["omlx-site"], results["mlx_lm.server"]
-    print(f"model {model.name}; history of {args.history_tokens}+ tokens; {args.turns} turns; TTFT in seconds")
-    print(f"{'':28}" + "".join(f"{f'turn {i + 1}':>10}" for i in range(args.turns)))
-    for name, ttfts in results.items():
-        print(f"{name:28}" + "".join(f"{t:10.2f}" for t in ttfts))
     print(f"{'omlx-site / its turn 1':28}" + "".join(f"{t / ours[0]:10.2f}" for t in ours))
     print(f"{'omlx-site / mlx_lm.server':28}" + "".join(f"{a / b:10.2f}" for a, b in zip(ours, peer)))
+    print(f"{'omlx-site / tier off':28}" + "".join(
+        f"{a / b:10.2f}" for a, b in zip(ours, results["omlx-site, tier off"])))
     later = max(t / ours[0] for t in ours[1:])
     vs_peer = max(a / b for a, b in zip(ours[1:], peer[1:]))
     print(f"turns 2+: at most {later:.2f}x turn 1 (target <= 0.15), at most {vs_peer:.2f}x mlx_lm.server "

@@ -8,6 +8,7 @@
 #       mlx==0.32.4 mlx-lm==0.32.2 django daphne channels twisted llguidance sqlite-utils asgiref autobahn txaio \
 #       zope.interface constantly hyperlink incremental automat sqlparse sqlite-fts4 click-default-group \
 #       pyopenssl service-identity cryptography cffi pycparser cbor2 u-msgpack-python ujson tzdata pyasn1 pyasn1-modules
+#       dj-database-url psycopg channels-redis redis msgpack typing_extensions
 #     (the versions this checkout's .venv has; the image has numpy, transformers, tokenizers, psutil,
 #      prometheus-client, httpx, jinja2 and the CUDA libraries already)
 #     pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_35_x86_64 -d .whl/big mlx-cuda-13==0.32.4
