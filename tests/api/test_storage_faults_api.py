@@ -288,7 +288,7 @@ def test_kill_9_during_bursts_of_settings_writes_keeps_every_acknowledged_write(
 def test_kill_9_during_a_prompt_cache_spill_never_serves_a_half_file(start_server):
     from mlx_lm.models.cache import load_prompt_cache
 
-    server = start_server()
+    server = start_server(OMLX_PROMPT_CACHE_ENTRIES="2")     # the third entry spills: a spill early on
     folder = server.home / "prompt-cache" / safe_name(DEMO)
     prompts = [f"Story {i}: " + "the knight walked across the old stone bridge at dawn, " * 25 for i in range(40)]
     answers: dict[str, str] = {}
