@@ -1,7 +1,7 @@
 """This host as a member of the fleet: it publishes its record (its snapshot, its prompt-prefix keys,
-how to reach it) every third of OMLX_FLEET_TTL and soon after every pool change, reads the others'
-for routing, loads the pinned models the fleet has nowhere else (pins.py), and takes the settings
-other hosts wrote to the shared database."""
+its requests, how to reach it) every third of OMLX_FLEET_TTL and soon after every pool change and
+every request that begins or ends, reads the others' for routing, loads the pinned models the fleet
+has nowhere else (pins.py), and takes the settings other hosts wrote to the shared database."""
 
 from __future__ import annotations
 
@@ -40,14 +40,20 @@ class FleetMember:
         self._settings_mark: Any = None
         self._pin_loads: set[str] = set()
         self._failing = False
+        traces = getattr(runtime, "traces", None)
+        if traces is not None:      # a request's start or end reaches every host's console soon
+            traces.watch(self._wake.set)
 
     # ---- what this host publishes --------------------------------------------------------------
 
-    def record(self) -> dict[str, Any]:
+    def record(self, *, requests: bool = True) -> dict[str, Any]:
         snapshot = self.runtime.snapshot()
         resident = [m["id"] for m in snapshot["models"] if m["state"] in RESIDENT_STATES]
-        return {"host": self.host_id, "url": self.url, "sent_at": time.time(), "snapshot": snapshot,
-                "prefixes": self.ledger.published(resident)}
+        record: dict[str, Any] = {"host": self.host_id, "url": self.url, "sent_at": time.time(),
+                                  "snapshot": snapshot, "prefixes": self.ledger.published(resident)}
+        if requests:
+            record["requests"] = self.runtime.traces.published()
+        return record
 
     def changed(self, change) -> None:
         if change.kind == Change.UNLOAD and change.model:
@@ -66,7 +72,8 @@ class FleetMember:
                     self._healthy()
                 except Exception as e:  # noqa: BLE001 - without Redis, this host serves alone
                     self._failed("cannot read the fleet from Redis", e)
-            self._own, self._read_at = self.record(), time.monotonic()
+            # routing reads no requests: a busy host would build every in-flight row per read
+            self._own, self._read_at = self.record(requests=False), time.monotonic()
         others = [r for r in self._records if r.get("host") != self.host_id]
         return sorted([self._own, *others], key=lambda r: r["host"])
 
@@ -86,9 +93,11 @@ class FleetMember:
         records = await self.records(fresh=True)
         views = [host_view(r) for r in records]
         now = time.time()
+        here = self.runtime.traces.published()
         return {"host": self.host_id, "fleet": self.registry is not None,
                 "hosts": [{"host": r["host"], "url": r["url"], "age_seconds": round(max(0.0, now - r["sent_at"]), 2),
-                           "snapshot": r["snapshot"], "prefix_keys": sum(len(k) for k in r["prefixes"].values())}
+                           "snapshot": r["snapshot"], "prefix_keys": sum(len(k) for k in r["prefixes"].values()),
+                           "requests": here if r["host"] == self.host_id else r.get("requests")}
                           for r in records],
                 "pins": pin_locations(self.pinned(), views)}
 

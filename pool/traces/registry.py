@@ -1,6 +1,7 @@
 """This process's traces: the in-flight ones by id (their phases, cancel), the last RECENT finished
-ones (the websocket's), the writer thread, and the metrics a finished trace feeds. Everything here
-runs on the event loop and takes no lock and no I/O: `end` hands the row to the writer's queue.
+ones (the websocket's; a fleet record carries the newest PUBLISHED), the writer thread, and the
+metrics a finished trace feeds. Everything here runs on the event loop and takes no lock and no
+I/O: `end` hands the row to the writer's queue.
 
 It listens to the pool's changes to join a load to the request that started it: the load's task,
 and the unloads it makes room with, run in a copy of that request's context, so the trace is the
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from itertools import islice
 from typing import Any, Callable
 
 from ..events import PoolChange
@@ -18,6 +20,7 @@ from .trace import Trace, current
 from .writer import TraceWriter
 
 RECENT = 50
+PUBLISHED = 20      # the finished requests a fleet record carries
 
 
 class Traces:
@@ -27,7 +30,15 @@ class Traces:
         self.recent: deque[dict] = deque(maxlen=RECENT)     # newest first
         self.writer = TraceWriter(max_rows=settings.trace_rows, max_days=settings.trace_days)
         self.metrics = metrics
-        self.on_change = on_change or (lambda: None)
+        self._listeners: list[Callable[[], None]] = [on_change] if on_change is not None else []
+
+    def watch(self, listener: Callable[[], None]) -> None:
+        """Call `listener` (on the event loop, no arguments) whenever a request begins, ends or is cancelled."""
+        self._listeners.append(listener)
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
 
     # ---- a request's life ----------------------------------------------------------------------
 
@@ -59,7 +70,7 @@ class Traces:
         if self.metrics is not None:
             self.metrics.request_traced(model=trace.model, key=trace.key or "", ttft=trace.ttft_s,
                                         queue_wait=trace.queue_s, decode_tps=trace.decode_tps)
-        self.on_change()
+        self._changed()
 
     # ---- reading and acting ----------------------------------------------------------------------
 
@@ -79,12 +90,17 @@ class Traces:
         if trace is None:
             return False
         trace.cancel()
-        self.on_change()
+        self._changed()
         return True
 
     def message(self) -> dict:
         """The websocket's `requests` message (docs/api.md#requests)."""
         return {"type": "requests", "time": time.time(), "in_flight": self.live(), "recent": list(self.recent)}
+
+    def published(self, *, recent: int = PUBLISHED) -> dict:
+        """This host's requests in its fleet record (docs/api.md#requests): the in-flight ones and the
+        newest finished ones, as the `requests` message gives them, so every host's console shows them."""
+        return {"in_flight": self.live(), "recent": list(islice(self.recent, recent))}
 
     def stats(self) -> dict:
         """The writer's counts: written, waiting, and lost (the queue full, or a write that failed)."""
@@ -99,7 +115,7 @@ class Traces:
 
     def on_pool_change(self, change: PoolChange) -> None:
         if change.kind == Change.REQUEST_START:
-            self.on_change()              # a request reached a model: the live list has one more
+            self._changed()               # a request reached a model: the live list has one more
             return
         if change.kind not in (Change.LOAD_START, Change.EVENT):
             return

@@ -1,7 +1,9 @@
 /* The console's live tables, fed by the websocket's requests message (docs/api.md, "Requests"):
    the requests in flight with their phase and, for staff, a cancel button; the activity table of
    recent traces, filterable, each row opening its trace (trace.js). Nothing here polls: the older
-   traces are read once as the page opens (GET /api/requests), then every change comes live. */
+   traces are read once as the page opens (GET /api/requests), then every change comes live.
+   In a fleet, the other hosts' requests come in their records (fleet and fleet.host messages) and
+   join both tables, each row naming its host; only this host's own rows can be cancelled here. */
 (function () {
   "use strict";
 
@@ -9,9 +11,14 @@
   const $ = (id) => document.getElementById(id);
   const T = window.omlxTrace;
   const KEPT = 500;
+  const FLEET = !!cfg.fleet;
+  const HERE = cfg.host || "";
   let ui = null;                         // helpers from dashboard.js (init)
   const traces = new Map();              // id -> normalized trace, finished ones
   let inflight = [];
+  const elsewhere = new Map();           // id -> normalized trace of another host, finished ones
+  const running = new Map();             // another host -> {rows: its in-flight traces, seenAt}
+  let staleMs = 4000;                    // a host silent this long has left (the fleet message says)
   let opened = null;                     // the id whose trace is open
   const listeners = [];
 
@@ -26,9 +33,17 @@
   }
 
   function onMessage(msg) {
-    if (!msg || msg.type !== "requests") return;
-    if (Array.isArray(msg.in_flight)) inflight = msg.in_flight.map(T.norm);
-    if (Array.isArray(msg.recent)) keep(msg.recent);
+    if (!msg) return;
+    if (msg.type === "requests") {
+      if (Array.isArray(msg.in_flight)) inflight = msg.in_flight.map(T.norm);
+      if (Array.isArray(msg.recent)) keep(msg.recent);
+    } else if (FLEET && msg.type === "fleet") {
+      onFleet(msg);
+    } else if (FLEET && msg.type === "fleet.host" && msg.record) {
+      onRecord(msg.record.host, msg.record.requests, performance.now());
+    } else {
+      return;
+    }
     render();
     for (const fn of listeners) fn({ inflight, traces });
   }
@@ -38,10 +53,49 @@
       const t = T.norm(raw);
       if (t.id) traces.set(t.id, t);
     }
-    if (traces.size > KEPT) {       // the oldest go
-      const ids = [...traces.values()].sort((a, b) => (a.started || 0) - (b.started || 0)).map((t) => t.id);
-      for (const id of ids.slice(0, traces.size - KEPT)) traces.delete(id);
+    trim(traces);
+  }
+
+  function trim(map) {
+    if (map.size <= KEPT) return;     // the oldest go
+    const ids = [...map.values()].sort((a, b) => (a.started || 0) - (b.started || 0)).map((t) => t.id);
+    for (const id of ids.slice(0, map.size - KEPT)) map.delete(id);
+  }
+
+  // ---- the other hosts of a fleet ------------------------------------------------------------
+
+  function onFleet(msg) {
+    if (msg.stale_seconds > 0) staleMs = msg.stale_seconds * 1000;
+    const now = performance.now();
+    const live = new Set((msg.hosts || []).map((h) => h.host));
+    for (const host of [...running.keys()]) if (!live.has(host)) running.delete(host);
+    for (const h of msg.hosts || []) onRecord(h.host, h.requests, now - (h.age_seconds || 0) * 1000);
+  }
+
+  // A record's requests (docs/api.md, "Requests"): its in-flight ones replace the last, its finished
+  // ones are kept like this host's, so they outlive the few each record carries.
+  function onRecord(host, requests, seenAt) {
+    if (typeof host !== "string" || host === HERE || !requests) return;
+    const rows = (list) => (Array.isArray(list) ? list : [])
+      .map((raw) => T.norm(raw.host ? raw : Object.assign({}, raw, { host })));
+    const known = running.get(host);
+    if (known && known.seenAt > seenAt) return;     // older than the one shown
+    for (const t of rows(requests.recent)) if (t.id && !traces.has(t.id)) elsewhere.set(t.id, t);
+    trim(elsewhere);
+    running.set(host, { rows: rows(requests.in_flight), seenAt });
+  }
+
+  const own = (t) => !FLEET || !t.host || t.host === HERE;
+  const lookup = (id) => traces.get(id) || elsewhere.get(id);
+
+  function allInflight() {
+    if (!running.size) return inflight;
+    const now = performance.now();
+    const rows = [...inflight];
+    for (const h of running.values()) {
+      if (now - h.seenAt <= staleMs) rows.push(...h.rows.filter((t) => !elsewhere.has(t.id)));
     }
+    return rows.sort((a, b) => (a.started || 0) - (b.started || 0));
   }
 
   // What the websocket does not send on connect: the traces running and finished before it opened
@@ -76,11 +130,14 @@
     const body = document.querySelector("#inflight tbody");
     body.textContent = "";
     const now = Date.now() / 1000;
-    for (const t of inflight) {
+    const rows = allInflight();
+    for (const t of rows) {
       const tr = document.createElement("tr");
       tr.dataset.id = t.id;
       tr.dataset.phase = t.phase || "";
+      tr.dataset.host = t.host;
       cell(tr, "request", t.id, "mono");
+      if (FLEET) cell(tr, "host", t.host || "–", "host");
       cell(tr, "model", t.model);
       const phase = cell(tr, "phase");
       const badge = document.createElement("span");
@@ -93,7 +150,7 @@
       cell(tr, "tokens", t.completion ? t.prompt + " → " + t.completion : (t.prefillTotal || "–") + " → …", "num");
       cell(tr, "KV", fmt.bytes(t.kv), "num");
       const act = cell(tr, "");
-      if (cfg.can_cancel) {
+      if (cfg.can_cancel && own(t)) {      // another host's request is cancelled on its own page
         const b = document.createElement("button");
         b.type = "button";
         b.className = "cancel danger";
@@ -103,8 +160,8 @@
       }
       body.appendChild(tr);
     }
-    $("inflight-empty").hidden = inflight.length > 0;
-    $("inflight-count").textContent = inflight.length ? inflight.length + " running" : "";
+    $("inflight-empty").hidden = rows.length > 0;
+    $("inflight-count").textContent = rows.length ? rows.length + " running" : "";
   }
 
   document.querySelector("#inflight tbody").addEventListener("click", async (ev) => {
@@ -140,7 +197,7 @@
     if (f.model && t.model !== f.model) return false;
     if (f.status && outcome(t) !== f.status) return false;
     if (f.q) {
-      const hay = [t.id, t.model, t.route, t.status, t.error, t.key].join(" ").toLowerCase();
+      const hay = [t.id, t.model, t.host, t.route, t.status, t.error, t.key].join(" ").toLowerCase();
       if (!hay.includes(f.q.toLowerCase())) return false;
     }
     return true;
@@ -149,7 +206,7 @@
   function syncModelOptions() {
     const select = filters.elements.model;
     const have = new Set([...select.options].map((o) => o.value));
-    for (const t of traces.values()) {
+    for (const t of [...traces.values(), ...elsewhere.values()]) {
       if (t.model && !have.has(t.model)) {
         select.add(new Option(t.model, t.model));
         have.add(t.model);
@@ -162,11 +219,11 @@
 
   function renderActivity() {
     const f = { model: filters.elements.model.value, status: filters.elements.status.value, q: filters.elements.q.value.trim() };
-    const key = JSON.stringify([f, opened, [...traces.keys()]]);
+    const key = JSON.stringify([f, opened, [...traces.keys()], [...elsewhere.keys()]]);
     if (key === shownKey) return;
     shownKey = key;
     syncModelOptions();
-    const all = [...traces.values()].sort((a, b) => (b.started || 0) - (a.started || 0));
+    const all = [...traces.values(), ...elsewhere.values()].sort((a, b) => (b.started || 0) - (a.started || 0));
     const shown = all.filter((t) => matches(t, f));
     const body = document.querySelector("#activity tbody");
     body.textContent = "";
@@ -175,10 +232,12 @@
       tr.dataset.id = t.id;
       tr.dataset.model = t.model;
       tr.dataset.outcome = outcome(t);
+      tr.dataset.host = t.host;
       tr.tabIndex = 0;
       tr.classList.toggle("open", t.id === opened);
       cell(tr, "time", t.started != null ? ui.fmtClock(t.started) : "–");
       cell(tr, "request", t.id, "mono");
+      if (FLEET) cell(tr, "host", t.host || "–", "host");
       cell(tr, "model", t.model);
       cell(tr, "route", t.route, "muted small");
       const o = cell(tr, "outcome");
@@ -199,7 +258,7 @@
     $("activity-empty").textContent = all.length ? "No request matches the filter." : "No requests yet.";
     $("activity-count").textContent = all.length ? shown.length + " of " + all.length +
       (shown.length > SHOWN ? " (the newest " + SHOWN + " shown)" : "") : "";
-    if (opened && traces.has(opened)) showTrace(traces.get(opened), false);
+    if (opened && lookup(opened)) showTrace(lookup(opened), false);
   }
 
   const activity = document.querySelector("#activity tbody");
@@ -215,7 +274,7 @@
     }
     opened = id;
     renderActivity();
-    showTrace(traces.get(id), true);
+    showTrace(lookup(id), true);
   }
   activity.addEventListener("click", openRow);
   activity.addEventListener("keydown", openRow);
@@ -224,7 +283,7 @@
     const box = $("trace");
     box.hidden = false;
     T.render(box, t, fmt);
-    if (!fetchWhole || t.ended != null) return;
+    if (!fetchWhole || t.ended != null || !own(t)) return;
     try {            // a trace still running: its state now, once
       const r = await fetch(cfg.requests_url + "/" + encodeURIComponent(t.id),
                             { credentials: "same-origin", headers: { Accept: "application/json" } });
@@ -240,11 +299,11 @@
     init(helpers) { ui = helpers; render(); },
     onOpen: catchUp,
     onRequests(fn) { listeners.push(fn); },
-    trace(id) { return traces.get(id); },
+    trace: lookup,           // this host's trace, or in a fleet another host's from its record
     traces() { return [...traces.values()]; },
     render: T.render,
     fmt,
     csrf,
-    tick() { if (inflight.length) renderInflight(); },
+    tick() { if (inflight.length || running.size) renderInflight(); },
   };
 })();

@@ -1,10 +1,14 @@
 /* The playground: pick a chat model, send a message, read the answer as it streams from
    /v1/chat/completions (this page's session: its cookies and CSRF token, never a key), stop it, and
-   see the request's own trace once the websocket brings it (matched by the x-omlx-request-id header). A load's progress comments show in the status line while the model loads. */
+   see the request's own trace once the websocket brings it (matched by the x-omlx-request-id header).
+   A load's progress comments show in the status line while the model loads. In a fleet, the other
+   hosts' models are offered too: the fleet routes the chat there, and its trace comes in that host's
+   record (console.js finds it by the same id, which the forwarded answer carries). */
 (function () {
   "use strict";
 
   const $ = (id) => document.getElementById(id);
+  const cfg = JSON.parse(document.getElementById("dashboard-config").textContent);
   const C = window.omlxConsole;
   const form = $("playground");
   const select = $("pg-model");
@@ -12,15 +16,40 @@
   const status = $("pg-status");
   let controller = null;
   let mine = null;             // {requestId, completionId} of the latest request sent here
+  let here = [];               // this host's models, from its snapshot
+  const elsewhere = new Map(); // in a fleet: another host -> {models, seenAt}
+  let staleMs = 4000;
 
   function setStatus(text) {
     status.textContent = text;
   }
 
-  // chat models from the snapshot; the choice survives updates
+  const chat = (m) => m.kind !== "embeddings" && !m.hidden && m.state !== "failed";
+  const name = (m) => m.alias || m.id;
+
   function onSnapshot(s) {
-    const models = (s.models || []).filter((m) => m.kind !== "embeddings" && !m.hidden && m.state !== "failed");
-    const options = models.map((m) => [m.alias || m.id, (m.alias || m.id) + (m.state === "loaded" ? "" : " (" + m.state + ")")]);
+    here = (s.models || []).filter(chat);
+    refresh();
+  }
+
+  function onRecord(host, snapshot, seenAt) {
+    if (typeof host !== "string" || host === cfg.host || !snapshot) return;
+    elsewhere.set(host, { models: (snapshot.models || []).filter(chat), seenAt });
+  }
+
+  // chat models from the snapshot, then those only other live hosts have; the choice survives updates
+  function refresh() {
+    const options = here.map((m) => [name(m), name(m) + (m.state === "loaded" ? "" : " (" + m.state + ")")]);
+    const offered = new Set(options.map(([value]) => value));
+    const now = performance.now();
+    for (const [host, h] of [...elsewhere].sort((a, b) => a[0].localeCompare(b[0]))) {
+      if (now - h.seenAt > staleMs) continue;
+      for (const m of h.models) {
+        if (offered.has(name(m))) continue;
+        offered.add(name(m));
+        options.push([name(m), name(m) + " (on " + host + (m.state === "loaded" ? "" : ", " + m.state) + ")"]);
+      }
+    }
     const have = [...select.options].map((o) => o.value + "\t" + o.text);
     if (options.map((o) => o.join("\t")).join("\n") === have.join("\n")) return;
     const chosen = select.value;
@@ -31,6 +60,16 @@
 
   function onMessage(msg) {
     if (msg.type === "snapshot") onSnapshot(msg);
+    else if (msg.type === "fleet.host" && msg.record) {
+      onRecord(msg.record.host, msg.record.snapshot, performance.now());
+      refresh();
+    } else if (msg.type === "fleet") {
+      if (msg.stale_seconds > 0) staleMs = msg.stale_seconds * 1000;
+      elsewhere.clear();
+      const now = performance.now();
+      for (const h of msg.hosts || []) onRecord(h.host, h.snapshot, now - (h.age_seconds || 0) * 1000);
+      refresh();
+    }
   }
 
   function findMine() {

@@ -157,16 +157,46 @@ def fleet_of_two(tmp_path, migrated_db, demo_model_dir, make_model, redis_url):
 
 
 def test_the_console_on_a_fleets_page(fleet_of_two, browser):
-    """The fleet's section above, this host's console below: a chat from the playground is traced here."""
+    """The fleet's section above, the fleet's requests in the console below, each with its host: a chat
+    from alpha's playground with beta's model is served and traced on beta, and shows here from beta's
+    record; so does a request beta runs, in flight, without a cancel button (that is beta's page's)."""
     from playwright.sync_api import expect
 
-    alpha, _ = fleet_of_two
+    alpha, beta = fleet_of_two
     errors: list[str] = []
-    page = staff_page(browser, alpha, errors, height=2200)
+    page = staff_page(browser, alpha, errors, height=2400)
     expect(page.locator("#fleet article.host")).to_have_count(2, timeout=10_000)
     request_id = chat_in_playground(page, DEMO, "Say hello")
-    expect(page.locator(f'#activity tbody tr[data-id="{request_id}"]')).to_have_count(1, timeout=10_000)
+    here = page.locator(f'#activity tbody tr[data-id="{request_id}"]')
+    expect(here).to_have_count(1, timeout=10_000)
+    expect(here.locator("td.host")).to_have_text("alpha")
     expect(page.locator("#pg-trace")).to_be_visible()
+
+    expect(page.locator('#pg-model option[value="fleet-b"]')).to_have_text(re.compile(r"on beta"))
+    there_id = chat_in_playground(page, "fleet-b", "Say hello")
+    assert re.fullmatch(r"req_[0-9a-f]{24}", there_id or ""), there_id
+    assert alpha.get(f"/api/requests/{there_id}").status_code == 404      # traced on beta only
+    expect(page.locator('#pg-model option[value="fleet-b"]')).to_have_text("fleet-b (on beta)")   # loaded now
+    there = page.locator(f'#activity tbody tr[data-id="{there_id}"]')
+    expect(there).to_have_count(1, timeout=10_000)
+    expect(there).to_have_attribute("data-outcome", "ok")
+    expect(there.locator("td.host")).to_have_text("beta")
+    expect(there.locator("td.tokens")).to_have_text(re.compile(r"^\d+( \(\d+\))? · \d+$"))
+    expect(page.locator("#pg-trace .trace-head")).to_contain_text(there_id)
+    expect(page.locator("#pg-trace .trace-head")).to_contain_text("on beta")
+    there.click()
+    expect(page.locator("#trace .trace-head")).to_contain_text(there_id)
+    page.fill('#activity-filters input[name="q"]', "beta")
+    expect(page.locator("#activity tbody tr")).to_have_count(1)
+    page.fill('#activity-filters input[name="q"]', "")
+    expect(page.locator("#activity tbody tr")).to_have_count(2)
+
+    stream = beta.stream("fleet-b")
+    running = page.locator('#inflight tbody tr[data-host="beta"]')
+    expect(running).to_have_count(1, timeout=10_000)
+    expect(running.locator("button.cancel")).to_have_count(0)
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "console-fleet.png"), full_page=True)
+    stream.close()
+    expect(running).to_have_count(0, timeout=10_000)
     assert not errors, errors
