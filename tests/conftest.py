@@ -22,6 +22,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub from a test
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# Two xdist workers on two cores, each with the servers it starts: one BLAS thread per process, or
+# OpenBLAS's busy-waiting threads compete for the cores (the pool's engine tests ran ~20% slower).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # settings.py creates OMLX_HOME and its database on import: keep tests out of ~/.omlx-site.
 os.environ.setdefault("OMLX_HOME", tempfile.mkdtemp(prefix="omlx-test-home-"))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omlx_site.settings")
