@@ -380,7 +380,7 @@ def minilm_dir(session_dir) -> Path:
     return out
 
 
-if os.environ.get("OMLX_TEST_GC_EACH"):
+if os.environ.get("TEST_GC_EACH"):
     # Diagnosis for an unclosed socket or file reported in whichever later test runs the collector:
     # collecting after each test pins the report on the test that left it.
     import gc
