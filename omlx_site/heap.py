@@ -11,11 +11,13 @@ it does not hold up the event loop and runs while no request is being answered."
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
-import sys
 import time
 from typing import Callable
+
+import psutil
+
+from .process import glibc
 
 log = logging.getLogger("pool")
 
@@ -24,21 +26,11 @@ TRIM_EVERY = 10.0    # seconds between two trims at most
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return None   # not glibc
-    return getattr(libc, "malloc_trim", None)
+    return getattr(glibc(), "malloc_trim", None)
 
 
 def _rss() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * 4096
-    except (OSError, ValueError, IndexError):
-        return 0
+    return psutil.Process().memory_info().rss
 
 
 class HeapTrim:

@@ -45,15 +45,20 @@ def _keep_kernels() -> None:
     os.environ.setdefault("CUDA_CACHE_MAXSIZE", str(2**31))
 
 
+def glibc() -> ctypes.CDLL | None:
+    """The C library when it is glibc on Linux (mallopt, malloc_trim), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None   # not glibc
+
+
 def _tune_malloc() -> None:
     """glibc's malloc settings for engine threads (a no-op elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return   # not glibc
-    if not hasattr(libc, "mallopt"):
+    libc = glibc()
+    if libc is None or not hasattr(libc, "mallopt"):
         return
     # glibc gives each thread an arena and raises its mmap threshold after the first large free, so
     # freed weight buffers stay in arenas malloc_trim cannot hand back (30 loads of a 60 MB model:
