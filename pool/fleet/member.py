@@ -40,9 +40,7 @@ class FleetMember:
         self._settings_mark: Any = None
         self._pin_loads: set[str] = set()
         self._failing = False
-        traces = getattr(runtime, "traces", None)
-        if traces is not None:      # a request's start or end reaches every host's console soon
-            traces.watch(self._wake.set)
+        runtime.traces.watch(self._wake.set)    # a request's start or end reaches every host's console soon
 
     # ---- what this host publishes --------------------------------------------------------------
 

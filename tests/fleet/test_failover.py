@@ -169,7 +169,7 @@ async def test_the_fleet_loop_ends_when_stopped_as_a_pool_change_wakes_it(steps)
     3.11's asyncio.wait_for returns the woken wait and drops the cancel), or `serve` never exits."""
     conf = SimpleNamespace(host_id="h", advertise_url="http://h", fleet_key="k", redis_url="", database_url="",
                            fleet_ttl=3.0)
-    member = FleetMember(SimpleNamespace(settings=conf))
+    member = FleetMember(SimpleNamespace(settings=conf, traces=SimpleNamespace(watch=lambda listener: None)))
     member.start()
     await asyncio.sleep(0.2)                          # it waits for its next publish
     member.changed(SimpleNamespace(kind=Change.SETTINGS, model=None))
