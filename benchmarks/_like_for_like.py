@@ -18,7 +18,9 @@ from pathlib import Path
 
 from _models import CACHE
 
-OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
+from omlx_site.blas import debian_openblas
+
+OPENBLAS = debian_openblas()
 
 
 def preloaded() -> bool:

@@ -23,10 +23,15 @@ from pool.backend import cpu_backend
 log = logging.getLogger(__name__)
 
 
-def _openblas() -> list[list[str]]:
+def debian_openblas() -> str:
+    """Where Debian's and Ubuntu's libopenblas0-pthread puts the library."""
     multiarch = sysconfig.get_config_var("MULTIARCH") or "x86_64-linux-gnu"
-    return [[f"/usr/lib/{multiarch}/openblas-pthread/libopenblas.so.0"],   # Debian/Ubuntu libopenblas0-pthread
-            ["libopenblas.so.0"]]                                           # elsewhere on the loader's path
+    return f"/usr/lib/{multiarch}/openblas-pthread/libopenblas.so.0"
+
+
+def _openblas() -> list[list[str]]:
+    return [[debian_openblas()],
+            ["libopenblas.so.0"]]      # elsewhere on the loader's path
 
 
 def _mkl() -> list[list[str]]:
