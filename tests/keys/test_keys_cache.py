@@ -72,9 +72,7 @@ def test_the_disk_tier_keeps_keys_apart_across_a_restart(server, named):
 
 def test_a_stored_response_belongs_to_the_key_that_made_it(server, named):
     """Another key cannot read, continue or delete it: to that key the id does not exist."""
-    def client(key):
-        return server.openai(api_key=key)
-    mine, theirs = client(named["gina"]), client(named["hank"])
+    mine, theirs = server.openai(api_key=named["gina"]), server.openai(api_key=named["hank"])
     first = mine.responses.create(model=DEMO, input="Say hi.", max_output_tokens=4)
     for attempt in (lambda: theirs.responses.retrieve(first.id), lambda: theirs.responses.input_items.list(first.id),
                     lambda: theirs.responses.delete(first.id),
