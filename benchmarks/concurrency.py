@@ -156,6 +156,12 @@ def report(model: Path, args, results: dict, bound: Bound, loads: tuple[str, str
               + f" |                 {o['tokens']:5.1f} {m['tokens']:6.1f} {r['tokens']:5.1f} |         "
               f"{o['failed']:4d} {m['failed']:6d} | {max(o['cpu'], m['cpu']):.0%}")
     print()
+    print("every timed wave, in the order run: tok/s (TTFT p50 s)")
+    for level in args.levels:
+        print(f"{level:7d} | " + " | ".join(
+            f"{side}: " + ", ".join(f"{w.aggregate:.1f} ({percentile(w.ttfts, 50):.2f})" for w in results[side][level])
+            for side in SIDES))
+    print()
     one, many = min(args.levels), 8 if 8 in args.levels else max(args.levels)
     top = max(args.levels)
     o = s["omlx"]

@@ -3,11 +3,12 @@ and without: OMLX_PROMPT_CACHE_DISK_BYTES=off) vs mlx_lm.server on the same mode
 mlx-lm reusing its prompt cache by hand (the floor).
 
 Each turn sends the whole history, as chat clients do; a server with a prefix cache reads only the
-new message. The servers run one after the other in this one run, on the same prompts, each warmed
-first by a chat of the same length on another text (so turn 1 meets compiled kernels, not a cache).
-Each row is printed as soon as its side is done.
+new message. The three servers run at once, each first warmed by a whole chat of the same length on
+another text (so every turn meets compiled kernels, not a cache: MLX's CUDA backend compiles each
+new shape for seconds); then, --rounds times, every side in turn chats on that round's own text.
+Every round's row is printed as soon as its side is done.
 
-    .venv/bin/python benchmarks/multiturn.py [--model PATH] [--history-tokens 1500] [--turns 5]
+    .venv/bin/python benchmarks/multiturn.py [--model PATH] [--history-tokens 1500] [--turns 5] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ WARM_STORY = ("A small boat crossed the grey harbour at dawn, its engine coughin
               "nets that the two brothers hauled in while the town behind them slowly woke up. ")
 
 
-def history(tokenizer, target_tokens: int, story: str = STORY) -> list[dict]:
-    text = story
+def history(tokenizer, target_tokens: int, story: str = STORY, round_: int = 0) -> list[dict]:
+    text = f"Version {round_ + 1}. " + story
     while len(tokenizer.encode(text)) < target_tokens:
         text += story
     return [{"role": "user", "content": "Read this story.\n\n" + text},
@@ -52,12 +53,11 @@ def chat_turns(server, base: list[dict], turns: int) -> list[float]:
     return ttfts
 
 
-def raw_turns(model_path: Path, base: list[dict], turns: int) -> list[float]:
+def raw_turns(model, tokenizer, base: list[dict], turns: int) -> list[float]:
     """mlx-lm's own stream_generate with one prompt cache kept across turns: what the cache saves."""
-    from mlx_lm import load, stream_generate
+    from mlx_lm import stream_generate
     from mlx_lm.models.cache import make_prompt_cache
 
-    model, tokenizer = load(str(model_path))
     cache, seen, messages, ttfts = make_prompt_cache(model), [], list(base), []
     for question in QUESTIONS[:turns]:
         messages.append({"role": "user", "content": question})
@@ -82,37 +82,55 @@ def main():
     p.add_argument("--model", type=Path, default=None, help="an mlx-lm model folder (default: the demo model)")
     p.add_argument("--history-tokens", type=int, default=1500)
     p.add_argument("--turns", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args()
     model = args.model or demo_model()
     from mlx_lm.utils import load_tokenizer
 
-    base = history(load_tokenizer(model), args.history_tokens)
-    warm = history(load_tokenizer(model), args.history_tokens, WARM_STORY)
-    sides = {"omlx-site": lambda: start_omlx(model),
-             "omlx-site, tier off": lambda: start_omlx(model, OMLX_PROMPT_CACHE_DISK_BYTES="off"),
-             "mlx_lm.server": lambda: start_mlx_lm(model)}
-    print(f"model {model.name}; history of {args.history_tokens}+ tokens; {args.turns} turns; TTFT in seconds")
-    print(f"{'':28}" + "".join(f"{f'turn {i + 1}':>10}" for i in range(args.turns)), flush=True)
-    results = {}
-    for name, start in sides.items():
-        server = start()
-        try:
-            server.stream_chat(warm + [{"role": "user", "content": QUESTIONS[-1]}], ANSWER_TOKENS)
-            results[name] = chat_turns(server, base, args.turns)
-        finally:
-            server.stop()
-        print(f"{name:28}" + "".join(f"{t:10.3f}" for t in results[name]), flush=True)
-    results["raw mlx-lm (cache by hand)"] = raw = raw_turns(model, base, args.turns)
-    print(f"{'raw mlx-lm (cache by hand)':28}" + "".join(f"{t:10.3f}" for t in raw), flush=True)
+    tokenizer = load_tokenizer(model)
+    bases = [history(tokenizer, args.history_tokens, STORY, r) for r in range(args.rounds)]
+    warm = history(tokenizer, args.history_tokens, WARM_STORY)
+    starts = {"omlx-site": lambda: start_omlx(model),
+              "omlx-site, tier off": lambda: start_omlx(model, OMLX_PROMPT_CACHE_DISK_BYTES="off"),
+              "mlx_lm.server": lambda: start_mlx_lm(model)}
+    raw_name = "raw mlx-lm (cache by hand)"
+    print(f"model {model.name}; history of {args.history_tokens}+ tokens; {args.turns} turns; {args.rounds} "
+          f"round(s), sides in turn; TTFT in seconds", flush=True)
+    print(f"{'':34}" + "".join(f"{f'turn {i + 1}':>10}" for i in range(args.turns)), flush=True)
+    servers = {}
+    try:
+        for name, start in starts.items():
+            servers[name] = start()
+        sides = {name: (lambda base, s=server: chat_turns(s, base, args.turns)) for name, server in servers.items()}
+        from mlx_lm import load
 
-    ours, peer = results["omlx-site"], results["mlx_lm.server"]
-    print(f"{'omlx-site / its turn 1':28}" + "".join(f"{t / ours[0]:10.2f}" for t in ours))
-    print(f"{'omlx-site / mlx_lm.server':28}" + "".join(f"{a / b:10.2f}" for a, b in zip(ours, peer)))
-    print(f"{'omlx-site / tier off':28}" + "".join(
-        f"{a / b:10.2f}" for a, b in zip(ours, results["omlx-site, tier off"])))
-    later = max(t / ours[0] for t in ours[1:])
-    vs_peer = max(a / b for a, b in zip(ours[1:], peer[1:]))
-    print(f"turns 2+: at most {later:.2f}x turn 1 (target <= 0.15), at most {vs_peer:.2f}x mlx_lm.server "
+        raw_model, raw_tokenizer = load(str(model))
+        sides[raw_name] = lambda base: raw_turns(raw_model, raw_tokenizer, base, args.turns)
+        for run in sides.values():
+            run(warm)
+        results: dict[str, list[list[float]]] = {name: [] for name in sides}
+        for r, base in enumerate(bases):
+            for name, run in sides.items():
+                results[name].append(run(base))
+                print(f"{f'{name}, round {r + 1}':34}" + "".join(f"{t:10.3f}" for t in results[name][-1]),
+                      flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
+
+    print()
+    for r in range(args.rounds):
+        ours, peer = results["omlx-site"][r], results["mlx_lm.server"][r]
+        off, raw = results["omlx-site, tier off"][r], results[raw_name][r]
+        print(f"round {r + 1}")
+        print(f"{'  omlx-site / its turn 1':34}" + "".join(f"{t / ours[0]:10.2f}" for t in ours))
+        print(f"{'  omlx-site / mlx_lm.server':34}" + "".join(f"{a / b:10.2f}" for a, b in zip(ours, peer)))
+        print(f"{'  omlx-site / tier off':34}" + "".join(f"{a / b:10.2f}" for a, b in zip(ours, off)))
+        print(f"{'  omlx-site - raw (ms)':34}" + "".join(f"{(a - b) * 1000:10.1f}" for a, b in zip(ours, raw)))
+    later = max(t / run[0] for run in results["omlx-site"] for t in run[1:])
+    vs_peer = max(a / b for run, peer in zip(results["omlx-site"], results["mlx_lm.server"])
+                  for a, b in zip(run[1:], peer[1:]))
+    print(f"turns 2+ over every round: at most {later:.2f}x turn 1, at most {vs_peer:.2f}x mlx_lm.server "
           f"(target <= 1.0)")
 
 

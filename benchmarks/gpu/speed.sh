@@ -3,13 +3,17 @@
 # server's other wheels already installed under /tmp/site; two random-weight llamas built here with
 # the demo model's tokenizer files (TOKENIZER, a folder): about 2 GB in bf16 and about 1.5 GB 4-bit
 # (every linear layer and the embedding quantized, group size 64). Names after the folder pick
-# some of the benchmarks (a device command runs at most 10 minutes): single concurrency isolation swap.
-#     bash benchmarks/gpu/speed.sh TOKENIZER_FOLDER [single] [concurrency] [isolation] [swap]
-set -euo pipefail
+# some of the benchmarks (a device command runs at most 10 minutes): single concurrency multiturn
+# isolation swap; MODELS="bf16 q4" picks the models of single and concurrency, LEVELS (default
+# 1,4,8,16,32) the concurrency levels. Every process shares one kernel cache under /tmp/kernels
+# (MLX_PTX_CACHE_DIR, CUDA_CACHE_PATH), which the next call on the same warm machine reuses.
+#     bash benchmarks/gpu/speed.sh TOKENIZER_FOLDER [single] [concurrency] [multiturn] [isolation] [swap]
+set -uo pipefail   # one benchmark failing does not stop the others
 tokenizer=$(realpath "$1"); shift
 wanted=" ${*:-single concurrency isolation swap} "
 want() { [[ "$wanted" == *" $1 "* ]]; }
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+export MLX_PTX_CACHE_DIR=/tmp/kernels/ptx CUDA_CACHE_PATH=/tmp/kernels/cuda CUDA_CACHE_MAXSIZE=2147483648
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 bf16=/tmp/models/llama-2g-bf16
 q4=/tmp/models/llama-1500m-q4
@@ -17,17 +21,21 @@ python3 -c 'import mlx.core as mx; print(mx.default_device(), mx.device_info())'
 [ -f "$bf16/config.json" ] || python3 -c "
 from pool.catalog.fixture_models import make_fixture_model
 make_fixture_model('$bf16', 2000, tokenizer_from='$tokenizer', dtype='bfloat16', seed=1)"
-[ -f "$q4/config.json" ] || python3 -c "
+[[ -f "$q4/config.json" || ! ( " ${MODELS:-q4} " == *" q4 "* || "$wanted" == *" isolation "* || "$wanted" == *" swap "* ) ]] \
+  || python3 -c "
 from pool.catalog.fixture_models import make_fixture_model
 make_fixture_model('$q4', 1500, tokenizer_from='$tokenizer', dtype='bfloat16', seed=2, bits=4)"
-du -sh "$bf16" "$q4"
+du -sh "$bf16" "$q4" 2>/dev/null
 cd benchmarks
-for model in "$bf16" "$q4"; do
-  name=$(basename "$model")
+declare -A folder=([bf16]="$bf16" [q4]="$q4")
+for which in ${MODELS:-bf16 q4}; do
+  model=${folder[$which]}; name=$(basename "$model")
   ! want single || python3 single_stream.py --model "$model" --tokens 128 2>&1 | tee "$out/single_stream-$name.txt"
-  ! want concurrency || python3 concurrency.py --model "$model" --levels 1,4,8,16,32 --tokens 128 --rounds 2 2>&1 \
+  ! want concurrency || python3 concurrency.py --model "$model" --levels "${LEVELS:-1,4,8,16,32}" --tokens 128 --rounds 2 2>&1 \
     | tee "$out/concurrency-$name.txt"
 done
+! want multiturn || python3 multiturn.py --model "$bf16" --history-tokens 1500 --turns 5 --rounds "${MULTITURN_ROUNDS:-2}" 2>&1 \
+  | tee "$out/multiturn.txt"
 ! want isolation || python3 isolation.py --model "$q4" --model-b "$bf16" --stream-tokens 256 --long-tokens "${ISOLATION_LONG_TOKENS:-1500}" --rounds "${ISOLATION_ROUNDS:-2}" 2>&1 \
   | tee "$out/isolation.txt"
 ! want swap || python3 swap.py --model-a "$q4" --model-b "$bf16" 2>&1 | tee "$out/swap.txt"
