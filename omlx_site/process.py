@@ -11,7 +11,7 @@ import sys
 
 from . import blas
 
-M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
 
 _done = False
 
@@ -65,4 +65,7 @@ def _tune_malloc() -> None:
     # 985 MB resident; with a fixed 1 MiB threshold, 88 MB). Two arenas keep the event loop and the
     # engine threads off one lock (one arena cost ~8% of decode speed) and bound the creep.
     libc.mallopt(M_MMAP_THRESHOLD, 2**20)
+    # A set mmap threshold also pins the trim threshold at 128 KiB: each decode step's freed buffers
+    # went back to the system and faulted in again. Twice the mmap threshold, as glibc pairs them.
+    libc.mallopt(M_TRIM_THRESHOLD, 2 * 2**20)
     libc.mallopt(M_ARENA_MAX, 2)
