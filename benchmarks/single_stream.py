@@ -83,7 +83,8 @@ def main():
         print(f"{name:28} {median[name]:7.2f} decode tok/s  ({bound.share(median[name]):4.0%} of the bound)   "
               f"runs {', '.join(f'{x:.2f}' for x in runs)}")
     for name, runs in ttfts.items():
-        print(f"{name:28} {first[name] * 1000:7.1f} ms TTFT (median)   runs {', '.join(f'{x * 1000:.1f}' for x in runs)}")
+        each = ", ".join(f"{x * 1000:.1f}" for x in runs)
+        print(f"{name:28} {first[name] * 1000:7.1f} ms TTFT (median)   runs {each}")
     ours, raw = median["omlx-site"], "raw mlx_lm.stream_generate"
     print(f"ratio omlx/raw: {ours / median[raw]:.2f}   "
           f"ratio omlx/mlx_lm.server: {ours / median['mlx_lm.server']:.2f}   "
