@@ -29,7 +29,8 @@ du -sh "$bf16" "$q4" 2>/dev/null
 cd benchmarks
 declare -A folder=([bf16]="$bf16" [q4]="$q4")
 for which in ${MODELS:-bf16 q4}; do
-  model=${folder[$which]}; name=$(basename "$model")
+  model=${folder[$which]:-}; [ -n "$model" ] || { echo "MODELS: no model named $which (bf16, q4)"; continue; }
+  name=$(basename "$model")
   ! want single || python3 single_stream.py --model "$model" --tokens 128 2>&1 | tee "$out/single_stream-$name.txt"
   ! want concurrency || python3 concurrency.py --model "$model" --levels "${LEVELS:-1,4,8,16,32}" --tokens 128 --rounds 2 2>&1 \
     | tee "$out/concurrency-$name.txt"
