@@ -17,7 +17,7 @@ from typing import Callable
 
 import psutil
 
-from .process import glibc
+from pool.libc import glibc
 
 log = logging.getLogger("pool")
 

@@ -1,13 +1,14 @@
 """What a process serving models sets up before anything imports MLX: `setup_process()`, called
 explicitly and first by every entry point (manage.py, omlx_site/asgi.py, tests/conftest.py, the
 benchmarks). Importing `pool` does none of it. Standard library and ctypes only (the BLAS choice
-reads OMLX_BLAS through pool.conf, which is too); cheap, and a second call does nothing."""
+reads OMLX_BLAS through pool.conf and glibc comes from pool.libc, which are too); cheap, and a
+second call does nothing."""
 
 from __future__ import annotations
 
-import ctypes
 import os
-import sys
+
+from pool.libc import glibc
 
 from . import blas
 
@@ -43,16 +44,6 @@ def _keep_kernels() -> None:
     os.environ.setdefault("MLX_PTX_CACHE_DIR", str(kernels / "ptx"))
     os.environ.setdefault("CUDA_CACHE_PATH", str(kernels / "cuda"))
     os.environ.setdefault("CUDA_CACHE_MAXSIZE", str(2**31))
-
-
-def glibc() -> ctypes.CDLL | None:
-    """The C library when it is glibc on Linux (mallopt, malloc_trim), else None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL("libc.so.6")
-    except OSError:
-        return None   # not glibc
 
 
 def _tune_malloc() -> None:

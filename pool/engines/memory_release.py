@@ -1,26 +1,14 @@
 """Process-level MLX housekeeping shared by every engine thread."""
 
-import ctypes
-import ctypes.util
 import gc
-import sys
 import threading
 import weakref
 
 import mlx.core as mx
 
+from ..libc import glibc
 
-def _glibc():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
-
-
-_LIBC = _glibc()
+_MALLOC_TRIM = getattr(glibc(), "malloc_trim", None)
 
 
 # MLX's active memory is one counter for the whole process. An unload measures what it freed as the
@@ -32,8 +20,8 @@ ACCOUNTING = threading.Lock()
 def trim_native_heap() -> None:
     """Hand freed heap pages back to the OS. On Linux the CPU backend frees into glibc's heap,
     so resident memory only falls after malloc_trim (measured: 185 MB -> 142 MB)."""
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def release_memory() -> None:
