@@ -5,13 +5,10 @@
 #     bash benchmarks/gpu/kv_layer.sh TOKENIZER_FOLDER
 set -euo pipefail
 tokenizer=$(realpath "$1")
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-out=${OUT:-/tmp/out}; mkdir -p "$out"
+source "$(dirname "$0")/common.sh"
 model=/tmp/models/llama-1g-bf16
 python3 -c 'import mlx.core as mx; print(mx.default_device(), mx.device_info())'
-[ -f "$model/config.json" ] || python3 -c "
-from pool.catalog.fixture_models import make_fixture_model
-make_fixture_model('$model', 1000, tokenizer_from='$tokenizer', dtype='bfloat16', seed=1)"
+build "$model" 1000 1
 cd benchmarks
 python3 kv_memory.py --model "$model" 2>&1 | tee "$out/kv_memory.txt"
 python3 resume.py --model "$model" --tokens 2000 2>&1 | tee "$out/resume.txt"

@@ -6,8 +6,7 @@
 set -euo pipefail
 tokenizer=$1; shift
 bash benchmarks/gpu/speed.sh "$tokenizer" none >/dev/null
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-out=${OUT:-/tmp/out}; mkdir -p "$out"
+source "$(dirname "$0")/common.sh"
 cd benchmarks
 for size in "${@:-16MiB 64MiB 256MiB}"; do
   for one in $size; do

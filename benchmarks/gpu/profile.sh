@@ -6,8 +6,7 @@
 #     bash benchmarks/gpu/profile.sh MODEL_FOLDER [LEVEL]
 set -uo pipefail
 model=$1; level=${2:-32}
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-out=${OUT:-/tmp/out}; mkdir -p "$out"
+source "$(dirname "$0")/common.sh"
 [ -x /tmp/spy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/prof/*.whl
 (for _ in $(seq 120); do pid=$(pgrep -f "manage.py serve" | head -1); [ -n "$pid" ] && break; sleep 0.5; done
  sleep 5; /tmp/spy/bin/py-spy record -p "$pid" -r 200 -d 100 -f raw --threads -o "$out/profile-$level.txt" >/dev/null 2>&1 \

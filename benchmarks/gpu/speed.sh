@@ -12,19 +12,13 @@ set -uo pipefail   # one benchmark failing does not stop the others
 tokenizer=$(realpath "$1"); shift
 wanted=" ${*:-single concurrency isolation swap} "
 want() { [[ "$wanted" == *" $1 "* ]]; }
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+source "$(dirname "$0")/common.sh"
 export MLX_PTX_CACHE_DIR=/tmp/kernels/ptx CUDA_CACHE_PATH=/tmp/kernels/cuda CUDA_CACHE_MAXSIZE=2147483648
-out=${OUT:-/tmp/out}; mkdir -p "$out"
 bf16=/tmp/models/llama-2g-bf16
 q4=/tmp/models/llama-1500m-q4
 python3 -c 'import mlx.core as mx; print(mx.default_device(), mx.device_info())'
-[ -f "$bf16/config.json" ] || python3 -c "
-from pool.catalog.fixture_models import make_fixture_model
-make_fixture_model('$bf16', 2000, tokenizer_from='$tokenizer', dtype='bfloat16', seed=1)"
-[[ -f "$q4/config.json" || ! ( " ${MODELS:-q4} " == *" q4 "* || "$wanted" == *" isolation "* || "$wanted" == *" swap "* ) ]] \
-  || python3 -c "
-from pool.catalog.fixture_models import make_fixture_model
-make_fixture_model('$q4', 1500, tokenizer_from='$tokenizer', dtype='bfloat16', seed=2, bits=4)"
+build "$bf16" 2000 1
+if [[ " ${MODELS:-q4} " == *" q4 "* ]] || want isolation || want swap; then build "$q4" 1500 2 4; fi
 du -sh "$bf16" "$q4" 2>/dev/null
 cd benchmarks
 declare -A folder=([bf16]="$bf16" [q4]="$q4")

@@ -12,15 +12,9 @@ set -uo pipefail
 tokenizer=$(realpath "$1"); shift
 wanted=" ${*:-unload first} "
 want() { [[ "$wanted" == *" $1 "* ]]; }
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-out=${OUT:-/tmp/out}; mkdir -p "$out"
+source "$(dirname "$0")/common.sh"
 big=/tmp/models/llama-${UNLOAD_MB:-20000}m-bf16
 q4=/tmp/models/llama-1500m-q4
-build() {   # folder, size in MB, seed[, bits]
-  [ -f "$1/config.json" ] || python3 -c "
-from pool.catalog.fixture_models import make_fixture_model
-make_fixture_model('$1', $2, tokenizer_from='$tokenizer', dtype='bfloat16', seed=$3${4:+, bits=$4})"
-}
 if want unload; then
   s=$SECONDS; build "$big" "${UNLOAD_MB:-20000}" 5; echo "built $big in $((SECONDS - s)) s"; du -sh "$big"
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv
