@@ -2,10 +2,10 @@
 mlx_lm.stream_generate, on the same model folder, prompt and greedy settings.
 
 All three run in this one script, taking turns run by run. Decode tokens/s counts the tokens after
-the first over the time after the first (prefill excluded), the same way on every side, and
-every run's prompt is new (no prefix cache serves it); a server's
-tokens are its usage's completion_tokens (an SSE chunk carries text, and a token that completes no
-character arrives with the next one). The bound share is decode tok/s against the bandwidth bound
+the first over the time after the first (prefill excluded), the same way on every side, and every
+run's prompt is new (no prefix cache serves it); a server's tokens are its usage's
+completion_tokens (an SSE chunk carries text, and a token that completes no character arrives with
+the next one). The bound share is decode tok/s against the bandwidth bound
 (_bandwidth.py: the device's copy rate / the model's weight bytes). TTFT runs from sending the
 request (raw: from applying the chat template) to the first token; issue 22's target is omlx-site
 at most raw + 10 ms.
