@@ -28,8 +28,12 @@ def free_port() -> int:
 class Running:
     def __init__(self, name: str, proc: subprocess.Popen, url: str, model: str, home: Path | None = None):
         self.name, self.proc, self.url, self.model, self.home = name, proc, url, model, home
+        # one client for every blocking request: a new httpx client builds an SSL context (15-200 ms
+        # here), which a request's time must not include
+        self.client = httpx.Client(timeout=900)
 
     def stop(self) -> None:
+        self.client.close()
         self.proc.terminate()
         try:
             self.proc.wait(30)
@@ -46,10 +50,12 @@ class Running:
         """One streamed chat: time to first content token, the text, usage when given, and the
         arrival time of each content chunk (`times`, perf_counter seconds). Another thread may
         watch `reply.times` grow while it runs."""
+        body = self.chat_body(messages, max_tokens, **extra)
         reply = reply or StreamReply()
-        with httpx.stream("POST", self.url + "/v1/chat/completions", json=self.chat_body(messages, max_tokens, **extra),
-                          timeout=900) as r:
+        reply.started = time.perf_counter()
+        with self.client.stream("POST", self.url + "/v1/chat/completions", json=body) as r:
             r.raise_for_status()
+            reply.request_id = r.headers.get("x-omlx-request-id")
             for line in r.iter_lines():
                 reply.read(line)
         return reply.done()
@@ -71,7 +77,7 @@ class Running:
         return reply.done()
 
     def post(self, path: str, **body) -> dict:
-        r = httpx.post(self.url + path, json=body, timeout=900)
+        r = self.client.post(self.url + path, json=body)
         r.raise_for_status()
         return r.json()
 
@@ -81,6 +87,7 @@ class StreamReply:
 
     def __init__(self):
         self.started, self.times, self.parts, self.usage = time.perf_counter(), [], [], {}
+        self.request_id: str | None = None     # omlx-site's trace of it (x-omlx-request-id)
 
     def read(self, line: str) -> None:
         if not line.startswith("data: {"):
@@ -94,7 +101,7 @@ class StreamReply:
     def done(self) -> dict:
         first = self.times[0] if self.times else time.perf_counter()
         return {"ttft": first - self.started, "text": "".join(self.parts), "usage": self.usage,
-                "started": self.started, "times": self.times}
+                "started": self.started, "times": self.times, "request_id": self.request_id}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -118,6 +125,19 @@ def numbered_prompt(i: int, text: str) -> list[dict]:
     chat template's opening) and whose length in tokens does not depend on i (digits are single
     tokens in the tokenizers used here)."""
     return [{"role": "user", "content": f"Request {i % 10**6:06d}. {text}"}]
+
+
+STORY = "The old lighthouse keeper counted the steps and wrote the ships' names in a blue ledger. "
+
+
+def long_text(model: Path, tokens: int) -> str:
+    """A question on a story of at least `tokens` tokens (by `model`'s tokenizer)."""
+    from mlx_lm.utils import load_tokenizer
+
+    tokenizer, text = load_tokenizer(model), STORY
+    while len(tokenizer.encode(text)) < tokens:
+        text += STORY
+    return text + " What did he write down?"
 
 
 def _wait(url: str, proc: subprocess.Popen, path: str, timeout: float = 300) -> None:

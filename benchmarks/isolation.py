@@ -24,14 +24,13 @@ from pathlib import Path
 
 import httpx
 from _models import demo_model, fixture
-from _servers import StreamReply, gaps, numbered_prompt, percentile, start_omlx
+from _servers import StreamReply, gaps, long_text, numbered_prompt, percentile, start_omlx
 
 from omlx_site.process import setup_process
 
 setup_process()   # the BLAS and malloc settings, before anything imports MLX
 
 ASK = "Write a long, detailed story about a lighthouse keeper and every ship he watched, chapter by chapter."
-STORY = "The old lighthouse keeper counted the steps and wrote the ships' names in a blue ledger. "
 SHORT = "Say hello."
 SHORT_AFTER = 0.01  # seconds between sending the long prompt and the short one
 
@@ -58,15 +57,6 @@ class Background:
         if self.reply is None:
             raise RuntimeError("the background stream failed (see above)")
         return self.reply
-
-
-def long_text(model: Path, tokens: int) -> str:
-    from mlx_lm.utils import load_tokenizer
-
-    tokenizer, text = load_tokenizer(model), STORY
-    while len(tokenizer.encode(text)) < tokens:
-        text += STORY
-    return text + " What did he write down?"
 
 
 def covered(times: list[float], start: float, end: float) -> float:
