@@ -42,6 +42,16 @@ class Running:
         if self.home is not None:
             shutil.rmtree(self.home, ignore_errors=True)
 
+    def wait_warm(self, timeout: float = 900) -> None:
+        """Until omlx-site's loaded models have run their warm-up's shapes (the snapshot's `warming`):
+        a request meanwhile waits for the shape in progress, seconds each on a fresh kernel cache.
+        Returns at once for mlx_lm.server, which has none."""
+        deadline = time.monotonic() + timeout
+        while self.home is not None and time.monotonic() < deadline:
+            if not any(m.get("warming") for m in self.client.get(self.url + "/api/pool").json()["models"]):
+                return
+            time.sleep(0.2)
+
     def chat_body(self, messages: list[dict], max_tokens: int, model: str | None = None, **extra) -> dict:
         return {"model": model or self.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
                 "stream": True, "stream_options": {"include_usage": True}, **extra}

@@ -206,6 +206,8 @@ def main():
         for level in args.levels:            # warm every batch shape on every side
             for side in SIDES:
                 waves[side](level)
+        for server in servers:
+            server.wait_warm()
         results = {side: {level: [] for level in args.levels} for side in SIDES}
         for _ in range(args.rounds):
             for level in args.levels:

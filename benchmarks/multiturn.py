@@ -108,6 +108,8 @@ def main():
         sides[raw_name] = lambda base: raw_turns(raw_model, raw_tokenizer, base, args.turns)
         for run in sides.values():
             run(warm)
+        for server in servers.values():
+            server.wait_warm()
         results: dict[str, list[list[float]]] = {name: [] for name in sides}
         for r, base in enumerate(bases):
             for name, run in sides.items():

@@ -16,7 +16,7 @@ hand-over to its first chunk). `--prompt-tokens N` asks about a story of N token
 turn); `--variant NAME:OMLX_X=V,...` adds an omlx-site with other settings, up beside the others.
 
     .venv/bin/python benchmarks/single_stream.py [--model PATH] [--tokens 64] [--runs 3]
-        [--prompt-tokens N] [--variant step2048:OMLX_PREFILL_STEP=2048 ...]
+        [--prompt-tokens N] [--variant alone512:OMLX_PREFILL_STEP_ALONE=512 ...]
 """
 
 import argparse
@@ -103,6 +103,8 @@ def main():
         sides[raw] = lambda: raw_run(raw_model, tokenizer, prompt, args.tokens)
         for run in sides.values():
             run()                            # load and warm up
+        for server in servers:
+            server.wait_warm()
         runs: dict[str, list[tuple]] = {name: [] for name in sides}
         for _ in range(args.runs):
             for name, run in sides.items():

@@ -172,9 +172,12 @@ SETTINGS: list[Setting] = [
     Setting("OMLX_PREFILL_STEP", "512", positive_int,
             "prompt tokens read per step; running streams decode a token between two steps (memory pressure lowers "
             "it)", group=TUNING),
+    Setting("OMLX_PREFILL_STEP_ALONE", "2048", positive_int,
+            "prompt tokens read per step by a request alone on its model, with no stream to hold up (mlx-lm's own "
+            "step; memory pressure lowers it like OMLX_PREFILL_STEP)", group=TUNING),
     Setting("OMLX_WARMUP", "auto", choice("auto", "on", "off"),
             "after a load, run the shapes the model will serve most (batches up to OMLX_MAX_CONCURRENT, a prompt "
-            "of OMLX_PREFILL_STEP) in the background, so the first requests do not compile kernels; auto = on a "
+            "of OMLX_PREFILL_STEP_ALONE) in the background, so the first requests do not compile kernels; auto = on a "
             "GPU, off on the CPU backend"),
     Setting("OMLX_MLX_CACHE_MAX", "1GiB", size_or_keyword("off"),
             "MLX's buffer cache beyond this is cleared at each enforcer tick, even when memory is ok; off = only "
@@ -276,6 +279,7 @@ class Settings:
     max_concurrent: int
     queue_per_model: int
     prefill_step: int
+    prefill_step_alone: int
     warmup: str
     mlx_cache_max: Size
     load_group_bytes: int

@@ -79,7 +79,7 @@ class FakeEngine:
         self.model_info: dict = {}
         self.prompt_cache_cap = prompt_cache.max_bytes if prompt_cache is not None else 0
         self.options = options
-        self.prefill_step = 2048
+        self.prefill_step = self.prefill_step_alone = 2048
         self._running: set[asyncio.Queue] = set()
 
     @property

@@ -5,7 +5,7 @@
 # (every linear layer and the embedding quantized, group size 64). Names after the folder pick
 # some of the benchmarks (a device command runs at most 10 minutes): single cold concurrency multiturn
 # isolation swap (cold: single_stream.py on a fresh 1,564-token story, the first turn of multiturn's
-# chat, beside an omlx-site reading prompts in 2,048-token steps); MODELS="bf16 q4" picks the models
+# chat, beside an omlx-site whose lone request reads 512-token steps, the step before issue 22); MODELS="bf16 q4" picks the models
 # of single, cold and concurrency, LEVELS (default 1,4,8,16,32) the concurrency levels, RUNS (default
 # 6) single's and cold's runs. Every process shares one kernel cache under /tmp/kernels
 # (MLX_PTX_CACHE_DIR, CUDA_CACHE_PATH), which the next call on the same warm machine reuses.
@@ -30,7 +30,7 @@ for which in ${MODELS:-bf16 q4}; do
   ! want single || python3 single_stream.py --model "$model" --tokens 128 --runs "${RUNS:-6}" 2>&1 \
     | tee "$out/single_stream-$name.txt"
   ! want cold || python3 single_stream.py --model "$model" --tokens 16 --runs "${RUNS:-6}" --prompt-tokens 1564 \
-    --variant step2048:OMLX_PREFILL_STEP=2048 2>&1 | tee "$out/cold_turn-$name.txt"
+    --variant alone512:OMLX_PREFILL_STEP_ALONE=512 2>&1 | tee "$out/cold_turn-$name.txt"
   ! want concurrency || python3 concurrency.py --model "$model" --levels "${LEVELS:-1,4,8,16,32}" --tokens 128 --rounds 2 2>&1 \
     | tee "$out/concurrency-$name.txt"
 done

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 
 STATS_INTERVAL = 0.05     # seconds between two readings of the KV sizes while requests decode
 PREFILL_STEP = 512         # prompt tokens read per step until the pool sets its own (OMLX_PREFILL_STEP)
+PREFILL_STEP_ALONE = 2048  # ... by a request alone on the engine (OMLX_PREFILL_STEP_ALONE)
 KV_GROWTH_STEP = 64 * 2**20   # the live KV grown by this much since the last report wakes the enforcer
 
 
@@ -67,7 +68,10 @@ class TextEngine(PromptEncoding, EngineWorker):
         self._lanes: dict[Any, BatchLane | SoloLane] = {}    # KVConfig, or ("solo", n) for quantized KV
         self._solo_ids = itertools.count()
         self._stop_tokens: list[list[int]] = []
-        self.prefill_step = PREFILL_STEP     # the enforcer lowers it under pressure (read each step)
+        # the enforcer lowers both under pressure (read each step); a request alone holds nobody up, and
+        # reads its prompt in fewer, larger chunks (a 1,600-token prompt on an H200: 39 ms instead of 61)
+        self.prefill_step = PREFILL_STEP
+        self.prefill_step_alone = PREFILL_STEP_ALONE
         self._requests: dict[Any, Request] = {}
         self._prefills: list[SharedPrefill] = []       # prompts read once for several choices
         self._token_text: TokenText | None = None       # made for the first request asking for logprobs
@@ -153,7 +157,7 @@ class TextEngine(PromptEncoding, EngineWorker):
                                                      on_written=lambda: self._post(self._update_cache_stats))
         self._stop_tokens = [[t] for t in sorted(tokenizer.eos_token_ids)]
         self._lanes = {KVConfig(): BatchLane(model, KVConfig(), self._stop_tokens)}
-        self._idle_jobs = warm_jobs(lambda: (self._model, self._stop_tokens, self.prefill_step),
+        self._idle_jobs = warm_jobs(lambda: (self._model, self._stop_tokens, self.prefill_step_alone),
                                     self._load_options, model_id=self.model_id)
         return LoadResult(measured_bytes=weight_bytes,
                           seconds=time.perf_counter() - started, model_info=self.model_info)
@@ -288,10 +292,11 @@ class TextEngine(PromptEncoding, EngineWorker):
         self.arrivals.stepped()
         if self._prefills:
             self._step_prefills()
+        step = self.prefill_step_alone if len(self._requests) == 1 and not self._prefills else self.prefill_step
         for key, lane in list(self._lanes.items()):
             if lane.empty:
                 continue
-            lane.set_prefill_step(self.prefill_step)
+            lane.set_prefill_step(step)
             try:
                 steps = lane.step()
             except Exception as e:

@@ -83,6 +83,11 @@ class EngineWorker:
         """Run fn on the engine thread between two pieces of work (MLX work that must not leave it)."""
         return await self._ask(fn)
 
+    @property
+    def warming(self) -> bool:
+        """Shapes of the warm-up are still to run (warmup.py): a request now may meet a cold kernel."""
+        return bool(self._idle_jobs)
+
     def trim_heap(self) -> None:
         """Hand freed heap pages back to the OS (from any thread)."""
         trim_native_heap()

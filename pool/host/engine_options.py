@@ -27,13 +27,14 @@ def wants_dequantize(conf, folder: ModelFolder, capacity: int) -> bool:
 
 
 def warm_shapes(conf) -> dict[str, Any]:
-    """What a language model runs after its load (OMLX_WARMUP): one prompt of the prefill step, and
+    """What a language model runs after its load (OMLX_WARMUP): one prompt of a lone request's prefill
+    step, and
     batches of 2, 4, ... up to OMLX_MAX_CONCURRENT; nothing on the CPU backend under `auto`."""
     if conf.warmup == "off" or (conf.warmup == "auto" and cpu_backend()):
         return {}
     most = conf.max_concurrent or 16
     batches = sorted({2 ** k for k in range(1, most.bit_length()) if 2 ** k < most} | ({most} if most > 1 else set()))
-    return {"warm_batches": tuple(batches), "warm_prompt": conf.prefill_step}
+    return {"warm_batches": tuple(batches), "warm_prompt": conf.prefill_step_alone}
 
 
 def load_options_for(conf, path: Path, capacity: int) -> LoadOptions:

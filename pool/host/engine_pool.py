@@ -55,7 +55,9 @@ class EnginePool:
         self.load_seconds_total = 0.0
         self.load_rate = LoadRate()    # this host's weight bytes per second, from its past loads
         self.cache_fraction = 1.0      # of the configured prompt cache cap; memory pressure walks it
-        self.prefill_step = prefill_step(Level.OK, conf.prefill_step)   # memory pressure lowers it
+        # memory pressure lowers both
+        self.prefill_step = prefill_step(Level.OK, conf.prefill_step)
+        self.prefill_step_alone = prefill_step(Level.OK, conf.prefill_step_alone)
         self._tasks: set[asyncio.Task] = set()
         self._freed: asyncio.Future | None = None     # resolved when a lease ends or a load/unload settles
 
@@ -219,7 +221,7 @@ class EnginePool:
         # made now, not when the victims are gone: an abort must reach the load at any point
         entry.engine = self.engine_maker(entry.kind, entry.id, entry.path, **self._engine_options(entry))
         if entry.kind.protocol == GENERATE:
-            entry.engine.prefill_step = self.prefill_step
+            entry.engine.prefill_step, entry.engine.prefill_step_alone = self.prefill_step, self.prefill_step_alone
         entry.state, entry.load_started_at, entry.failure = State.LOADING, self.clock(), None
         entry.load_rate = self.load_rate.bytes_per_second()
         entry.load_note = ("" if plan.with_headroom or not entry.kind.keeps_kv

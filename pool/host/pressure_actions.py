@@ -49,10 +49,12 @@ class PressureActions:
                           f"'{entry.id}' will be unloaded when its requests drain")
 
     def adapt_prefill(self, level: Level) -> None:
-        """The prefill step every generator reads from its next step on (policy.pressure.prefill_step)."""
-        self.pool.prefill_step = prefill_step(level, self.pool.conf.prefill_step)
-        for entry in self.pool.loaded(protocol=GENERATE):
-            entry.engine.prefill_step = self.pool.prefill_step
+        """The prefill steps every generator reads from its next step on (policy.pressure.prefill_step)."""
+        pool = self.pool
+        pool.prefill_step = prefill_step(level, pool.conf.prefill_step)
+        pool.prefill_step_alone = prefill_step(level, pool.conf.prefill_step_alone)
+        for entry in pool.loaded(protocol=GENERATE):
+            entry.engine.prefill_step, entry.engine.prefill_step_alone = pool.prefill_step, pool.prefill_step_alone
 
     async def walk_cache_cap(self, level: Level) -> None:
         """One step of the prompt caches' cap per enforcer tick (policy.pressure.next_cache_fraction)."""

@@ -44,6 +44,7 @@ def model_row(entry, view: ModelView, rank: int | None, now: float, cache: Cache
         "load_progress": entry.load_progress,   # {bytes_done, bytes_total, eta_seconds} while loading
         "load_seconds": _rounded(entry.load_seconds),
         "load_note": entry.load_note,
+        "warming": bool(loaded and getattr(entry.engine, "warming", False)),   # the warm-up's shapes run
         "failure": entry.failure,
         "marked_for_unload": entry.marked_for_unload,
         # KV memory beside the weights: live requests' KV and the prefix cache (loaded models only)
@@ -84,6 +85,7 @@ def build(pool, slots, reading, enforcer_state: dict[str, Any] | None = None) ->
         "prompt_cache_disk_bytes": tier.nbytes if tier is not None else 0,
         "prompt_cache_disk_cap_bytes": tier.total_bytes if tier is not None else 0,
         "prefill_step": pool.prefill_step,
+        "prefill_step_alone": pool.prefill_step_alone,
     }
     memory.update(enforcer_state or {})
     return {"type": "snapshot", "time": now, "models": models, "memory": memory,

@@ -219,8 +219,8 @@ async def test_pressure_walks_the_prompt_cache_cap_down_and_back_up(models):
     assert core.states() == {"a": "loaded", "b": "loaded", "c": "unloaded"}
 
 
-@pytest.mark.parametrize("base, step", [(0, 512), (720, 256), (800, 128)])
-async def test_the_prefill_step_shrinks_under_pressure(models, base, step):
+@pytest.mark.parametrize("base, step, alone", [(0, 512, 2048), (720, 256, 256), (800, 128, 128)])
+async def test_the_prefill_steps_shrink_under_pressure(models, base, step, alone):
     core = Core(models, memory_ceiling=CEILING)
     await loaded(core, "a", "b")
     for name in "ab":
@@ -228,8 +228,9 @@ async def test_the_prefill_step_shrinks_under_pressure(models, base, step):
     core.memory.base = base * MB
     await core.enforcer.tick()
     assert core.engines.engines["a"].prefill_step == core.pool.prefill_step == step
-    await core.pool.load("c")                                            # a model loaded now starts with it
-    assert core.engines.engines["c"].prefill_step == step
+    assert core.engines.engines["a"].prefill_step_alone == core.pool.prefill_step_alone == alone
+    await core.pool.load("c")                                            # a model loaded now starts with them
+    assert (core.engines.engines["c"].prefill_step, core.engines.engines["c"].prefill_step_alone) == (step, alone)
 
 
 async def test_a_model_unloaded_while_the_caches_are_walked_is_skipped(models):

@@ -5,6 +5,7 @@ served first. A random-weight llama, real MLX."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -19,22 +20,26 @@ async def test_a_request_arriving_during_the_warm_up_goes_before_the_remaining_s
 
     order: list[str] = []          # appended from the engine thread and the test, in time order
     run_shape = warmup.run_shape
+    seen = threading.Event()       # the first shape waits until the test has seen the warm-up running
 
     def recorded(state, batch, tokens):
+        seen.wait(30)
         order.append(f"shape {batch}")
         run_shape(state, batch, tokens)
     monkeypatch.setattr(warmup, "run_shape", recorded)
     engine = TextEngine("warm", make_model("warm-20", 20, seed=4),
                         load=LoadOptions(warm_batches=(2, 3, 4, 5), warm_prompt=32))
     await engine.load()
+    assert engine.warming
+    seen.set()
     order.append("request")
     got = [c async for c in engine.generate([5, 6, 7, 8], SamplingParams(max_tokens=6))]
     order.append("answered")
     for _ in range(600):
-        if not engine._idle_jobs:
+        if not engine.warming:
             break
         await asyncio.sleep(0.1)
-    assert not engine._idle_jobs                    # then the rest ran, in the background
+    assert not engine.warming                       # then the rest ran, in the background
     shapes = [e for e in order if e.startswith("shape")]
     assert len(shapes) == 5
     between = order[order.index("request") + 1:order.index("answered")]
@@ -55,16 +60,17 @@ async def test_an_unload_during_the_warm_up_drops_the_rest(make_model):
 
 
 @pytest.mark.parametrize(("warmup", "most", "cpu", "expected"), [
-    ("on", 16, True, {"warm_batches": (2, 4, 8, 16), "warm_prompt": 512}),
-    ("on", 12, False, {"warm_batches": (2, 4, 8, 12), "warm_prompt": 512}),
-    ("on", 1, False, {"warm_batches": (), "warm_prompt": 512}),
-    ("on", 0, False, {"warm_batches": (2, 4, 8, 16), "warm_prompt": 512}),     # no limit: the default's
-    ("auto", 8, False, {"warm_batches": (2, 4, 8), "warm_prompt": 512}),      # a GPU
+    ("on", 16, True, {"warm_batches": (2, 4, 8, 16), "warm_prompt": 2048}),
+    ("on", 12, False, {"warm_batches": (2, 4, 8, 12), "warm_prompt": 2048}),
+    ("on", 1, False, {"warm_batches": (), "warm_prompt": 2048}),
+    ("on", 0, False, {"warm_batches": (2, 4, 8, 16), "warm_prompt": 2048}),     # no limit: the default's
+    ("auto", 8, False, {"warm_batches": (2, 4, 8), "warm_prompt": 2048}),      # a GPU
     ("auto", 8, True, {}),                                                     # the CPU backend
     ("off", 8, False, {}),
 ])
-def test_the_shapes_follow_the_concurrency_limit_and_the_prefill_step(monkeypatch, warmup, most, cpu, expected):
+def test_the_shapes_follow_the_concurrency_limit_and_the_lone_prefill_step(monkeypatch, warmup, most, cpu, expected):
     import pool.host.engine_options as options
 
     monkeypatch.setattr(options, "cpu_backend", lambda: cpu)
-    assert warm_shapes(SimpleNamespace(warmup=warmup, max_concurrent=most, prefill_step=512)) == expected
+    assert warm_shapes(SimpleNamespace(warmup=warmup, max_concurrent=most, prefill_step=512,
+                                       prefill_step_alone=2048)) == expected
