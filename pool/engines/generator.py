@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 STATS_INTERVAL = 0.05     # seconds between two readings of the KV sizes while requests decode
 PREFILL_STEP = 512         # prompt tokens read per step until the pool sets its own (OMLX_PREFILL_STEP)
-PREFILL_STEP_ALONE = 2048  # ... by a request alone on the engine (OMLX_PREFILL_STEP_ALONE)
+PREFILL_STEP_ALONE = 2048  # ... by a request alone (OMLX_PREFILL_STEP_ALONE): it holds nobody up
 KV_GROWTH_STEP = 64 * 2**20   # the live KV grown by this much since the last report wakes the enforcer
 
 
@@ -68,9 +68,7 @@ class TextEngine(PromptEncoding, EngineWorker):
         self._lanes: dict[Any, BatchLane | SoloLane] = {}    # KVConfig, or ("solo", n) for quantized KV
         self._solo_ids = itertools.count()
         self._stop_tokens: list[list[int]] = []
-        # the enforcer lowers both under pressure (read each step); a request alone holds nobody up, and
-        # reads its prompt in fewer, larger chunks (a 1,600-token prompt on an H200: 39 ms instead of 61)
-        self.prefill_step = PREFILL_STEP
+        self.prefill_step = PREFILL_STEP     # the enforcer lowers both under pressure (read each step)
         self.prefill_step_alone = PREFILL_STEP_ALONE
         self._requests: dict[Any, Request] = {}
         self._prefills: list[SharedPrefill] = []       # prompts read once for several choices
@@ -166,7 +164,11 @@ class TextEngine(PromptEncoding, EngineWorker):
         return bool(self._requests or self._prefills)
 
     def _work(self) -> None:
-        self._step()
+        try:
+            self._step()
+        except Exception as e:          # a bug outside a lane's own step: errors for its requests, not a hang
+            log.exception("an engine step failed on %s", self.model_id)
+            self._abort_all(EngineError(f"generation failed: {type(e).__name__}"))
 
     def _admission_wait(self) -> float:
         return self.arrivals.wait()
@@ -292,11 +294,11 @@ class TextEngine(PromptEncoding, EngineWorker):
         self.arrivals.stepped()
         if self._prefills:
             self._step_prefills()
-        step = self.prefill_step_alone if len(self._requests) == 1 and not self._prefills else self.prefill_step
+        prefill = self.prefill_step_alone if len(self._requests) == 1 and not self._prefills else self.prefill_step
         for key, lane in list(self._lanes.items()):
             if lane.empty:
                 continue
-            lane.set_prefill_step(step)
+            lane.set_prefill_step(prefill)
             try:
                 steps = lane.step()
             except Exception as e:

@@ -25,8 +25,7 @@ from ..memory import MemoryReading
 from ..policy import idle
 from ..policy.load_plan import LoadPlan, ModelView, auto_model_budget, fits_once_idle, plan_load
 from ..policy.load_progress import LoadRate
-from ..policy.pressure import prefill_step
-from ..policy.vocabulary import ActionKind, Change, Level, ModelState, Reason, Refusal
+from ..policy.vocabulary import ActionKind, Change, ModelState, Reason, Refusal
 from ..traces.trace import for_request
 from .engine_options import engine_options, prompt_cache_cap, wants_dequantize
 from .entries import Entry
@@ -55,9 +54,7 @@ class EnginePool:
         self.load_seconds_total = 0.0
         self.load_rate = LoadRate()    # this host's weight bytes per second, from its past loads
         self.cache_fraction = 1.0      # of the configured prompt cache cap; memory pressure walks it
-        # memory pressure lowers both
-        self.prefill_step = prefill_step(Level.OK, conf.prefill_step)
-        self.prefill_step_alone = prefill_step(Level.OK, conf.prefill_step_alone)
+        self.prefill_step, self.prefill_step_alone = conf.prefill_step, conf.prefill_step_alone   # pressure lowers both
         self._tasks: set[asyncio.Task] = set()
         self._freed: asyncio.Future | None = None     # resolved when a lease ends or a load/unload settles
 

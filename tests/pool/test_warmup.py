@@ -32,9 +32,14 @@ async def test_a_request_arriving_during_the_warm_up_goes_before_the_remaining_s
     await engine.load()
     assert engine.warming
     seen.set()
+    insert = engine._insert
+
+    def recorded_insert(choices):          # on the engine thread; no shape runs while the request does
+        order.append("inserted")
+        insert(choices)
+    engine._insert = recorded_insert
     order.append("request")
     got = [c async for c in engine.generate([5, 6, 7, 8], SamplingParams(max_tokens=6))]
-    order.append("answered")
     for _ in range(600):
         if not engine.warming:
             break
@@ -42,7 +47,7 @@ async def test_a_request_arriving_during_the_warm_up_goes_before_the_remaining_s
     assert not engine.warming                       # then the rest ran, in the background
     shapes = [e for e in order if e.startswith("shape")]
     assert len(shapes) == 5
-    between = order[order.index("request") + 1:order.index("answered")]
+    between = order[order.index("request") + 1:order.index("inserted")]
     # the request waited for at most the shape already starting as it came, never for the rest
     assert got and len(between) <= 1, order
     assert engine.cache_stats.kv_bytes == 0         # the shapes' lanes are gone with their KV
