@@ -3,13 +3,14 @@
 # server's other wheels already installed under /tmp/site; two random-weight llamas built here with
 # the demo model's tokenizer files (TOKENIZER, a folder): about 2 GB in bf16 and about 1.5 GB 4-bit
 # (every linear layer and the embedding quantized, group size 64). Names after the folder pick
-# some of the benchmarks (a device command runs at most 10 minutes): single cold concurrency multiturn
-# isolation swap (cold: single_stream.py on a fresh 1,564-token story, the first turn of multiturn's
-# chat, beside an omlx-site whose lone request reads 512-token steps, the step before issue 22); MODELS="bf16 q4" picks the models
-# of single, cold and concurrency, LEVELS (default 1,4,8,16,32) the concurrency levels, RUNS (default
-# 6) single's and cold's runs. Every process shares one kernel cache under /tmp/kernels
-# (MLX_PTX_CACHE_DIR, CUDA_CACHE_PATH), which the next call on the same warm machine reuses.
-#     bash benchmarks/gpu/speed.sh TOKENIZER_FOLDER [single] [cold] [concurrency] [multiturn] [isolation] [swap]
+# some of the benchmarks (a device command runs at most 10 minutes): single engine cold concurrency
+# multiturn isolation swap. engine: engine_ttft.py, the engine's TTFT in-process against raw; cold:
+# single_stream.py on a fresh 1,564-token story (multiturn's first turn) beside an omlx-site whose
+# lone request reads 512-token steps, the step before issue 22. MODELS="bf16 q4" picks the models of
+# single, engine, cold and concurrency, LEVELS (default 1,4,8,16,32) the concurrency levels, RUNS
+# (default 6) the runs of single, engine and cold. Every process shares one kernel cache under
+# /tmp/kernels (MLX_PTX_CACHE_DIR, CUDA_CACHE_PATH), which the next call on a warm machine reuses.
+#     bash benchmarks/gpu/speed.sh TOKENIZER_FOLDER [single] [engine] [cold] [concurrency] [multiturn] [isolation] [swap]
 set -uo pipefail   # one benchmark failing does not stop the others
 tokenizer=$(realpath "$1"); shift
 wanted=" ${*:-single concurrency isolation swap} "
@@ -29,6 +30,7 @@ for which in ${MODELS:-bf16 q4}; do
   name=$(basename "$model")
   ! want single || python3 single_stream.py --model "$model" --tokens 128 --runs "${RUNS:-6}" 2>&1 \
     | tee "$out/single_stream-$name.txt"
+  ! want engine || python3 engine_ttft.py --model "$model" --runs "${RUNS:-6}" 2>&1 | tee "$out/engine_ttft-$name.txt"
   ! want cold || python3 single_stream.py --model "$model" --tokens 16 --runs "${RUNS:-6}" --prompt-tokens 1564 \
     --variant alone512:OMLX_PREFILL_STEP_ALONE=512 2>&1 | tee "$out/cold_turn-$name.txt"
   ! want concurrency || python3 concurrency.py --model "$model" --levels "${LEVELS:-1,4,8,16,32}" --tokens 128 --rounds 2 2>&1 \
