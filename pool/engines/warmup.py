@@ -6,8 +6,8 @@ Each shape is one job on the engine's own thread, run only while no request or c
 worker's idle jobs): a request that arrives meanwhile goes first and waits at most for the one shape
 in progress, which compiles what the request would have compiled itself. Other models' threads never
 wait for it. A shape is a throwaway lane (lanes.py), the very path requests take: one prompt alone
-(mlx-lm's single-sequence path, its prompt read in two chunks of a lone request's prefill step), then batches of
-short prompts (the BatchGenerator's padded prefill and its decode at that batch size)."""
+(mlx-lm's single-sequence path, its prompt read in two chunks of a lone request's prefill step), then
+batches of short prompts (the BatchGenerator's padded prefill and its decode at that batch size)."""
 
 from __future__ import annotations
 

@@ -28,8 +28,7 @@ def wants_dequantize(conf, folder: ModelFolder, capacity: int) -> bool:
 
 def warm_shapes(conf) -> dict[str, Any]:
     """What a language model runs after its load (OMLX_WARMUP): one prompt of a lone request's prefill
-    step, and
-    batches of 2, 4, ... up to OMLX_MAX_CONCURRENT; nothing on the CPU backend under `auto`."""
+    step, and batches of 2, 4, ... up to OMLX_MAX_CONCURRENT; nothing on the CPU backend under `auto`."""
     if conf.warmup == "off" or (conf.warmup == "auto" and cpu_backend()):
         return {}
     most = conf.max_concurrent or 16

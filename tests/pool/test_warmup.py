@@ -79,3 +79,14 @@ def test_the_shapes_follow_the_concurrency_limit_and_the_lone_prefill_step(monke
     monkeypatch.setattr(options, "cpu_backend", lambda: cpu)
     assert warm_shapes(SimpleNamespace(warmup=warmup, max_concurrent=most, prefill_step=512,
                                        prefill_step_alone=2048)) == expected
+
+
+def test_the_snapshot_says_while_a_model_warms_up(start_server):
+    from tests.conftest import DEMO
+
+    server = start_server(OMLX_WARMUP="on", OMLX_MAX_CONCURRENT="2", OMLX_PREFILL_STEP_ALONE="512")
+    assert server.model(DEMO)["warming"] is False                   # not loaded
+    assert server.post(f"/api/models/{DEMO}/load", {}).status_code == 200
+    assert server.model(DEMO)["warming"] is True        # its lone prompt alone reads 560 tokens on the CPU
+    assert server.chat(DEMO).status_code == 200          # served meanwhile
+    server.wait_for(lambda: server.model(DEMO)["warming"] is False, timeout=300)
