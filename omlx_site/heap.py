@@ -13,20 +13,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable
 
 import psutil
 
-from pool.libc import glibc
+from pool.libc import malloc_trim
 
 log = logging.getLogger("pool")
 
 TRIM_DELAY = 1.0     # seconds without a request first: the engines' last frees (a batch's teardown) land
 TRIM_EVERY = 10.0    # seconds between two trims at most
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    return getattr(glibc(), "malloc_trim", None)
 
 
 def _rss() -> int:
@@ -38,7 +33,7 @@ class HeapTrim:
 
     def __init__(self, *, delay: float = TRIM_DELAY, every: float = TRIM_EVERY, trim=None):
         self.delay, self.every = delay, every
-        self._trim = trim if trim is not None else _malloc_trim()
+        self._trim = trim if trim is not None else malloc_trim()
         self._call: asyncio.TimerHandle | None = None
         self._last = -every
         self.trims = 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import sys
+from typing import Callable
 
 
 @functools.cache
@@ -17,3 +18,8 @@ def glibc() -> ctypes.CDLL | None:
         return ctypes.CDLL("libc.so.6")
     except OSError:
         return None   # not glibc
+
+
+def malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim (hands free heap pages back to the system), or None without glibc."""
+    return getattr(glibc(), "malloc_trim", None)

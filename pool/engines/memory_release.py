@@ -6,9 +6,9 @@ import weakref
 
 import mlx.core as mx
 
-from ..libc import glibc
+from ..libc import malloc_trim
 
-_MALLOC_TRIM = getattr(glibc(), "malloc_trim", None)
+_MALLOC_TRIM = malloc_trim()
 
 
 # MLX's active memory is one counter for the whole process. An unload measures what it freed as the
