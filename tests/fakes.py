@@ -22,8 +22,9 @@ from pool.engines.protocol import (
     SamplingParams,
 )
 from pool.memory import MemoryReading
+from pool.policy.kv import llama_layout
 
-MODEL_INFO = {"layers": 2, "kv_heads": 1, "head_dim": 4, "bytes_per_element": 2, "context_length": 256}
+MODEL_INFO = {"kv_layout": llama_layout(layers=2, kv_heads=1, head_dim=4, bytes_per_element=2), "context_length": 256}
 
 
 class Clock:
@@ -142,6 +143,9 @@ class FakeEngine:
 
     def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         return self.encode_text(" ".join(m["content"] for m in messages))
+
+    def chat_checkpoints(self, messages: list[dict], tools: list[dict] | None, prompt: list[int]) -> tuple[int, ...]:
+        return ()
 
     def encode_text(self, prompt: str) -> list[int]:
         return list(range(len(prompt.split())))

@@ -90,15 +90,18 @@ def planned_bytes(shape: dict, vocab: int, itemsize: int = 4, bits: int | None =
     return round(quantized_param_bytes(bits, itemsize) * quantized + itemsize * (h + n * 2 * h))
 
 
-def make_fixture_model(out_dir: str | Path, size_mb: float, *, tokenizer_from: str | Path,
-                       dtype: str = "float32", seed: int = 0, bits: int | None = None) -> dict:
-    """Write a random llama folder of about size_mb megabytes (10**6 bytes) at out_dir, replacing it,
-    and return its config. With bits (4 or 8) every linear layer and the embedding are quantized.
-    Written into a hidden sibling temp folder and renamed into place."""
+def make_fixture_model(out_dir: str | Path, size_mb: float | None = None, *, tokenizer_from: str | Path,
+                       dtype: str = "float32", seed: int = 0, bits: int | None = None, arch: str = "llama") -> dict:
+    """Write a random-weight model folder of `arch` (fixture_archs.ARCHS) of about size_mb megabytes
+    (10**6 bytes; None: the tiny shape tests use) at out_dir, replacing it, and return its config.
+    With bits (4 or 8) every linear layer and the embedding are quantized. Written into a hidden
+    sibling temp folder and renamed into place."""
     import mlx.core as mx
-    from mlx_lm.models import llama
     from mlx_lm.utils import quantize_model, save_config, save_model
     from tokenizers import Tokenizer
+
+    from pool.catalog.fixture_archs import ARCHS
+    from pool.catalog.fixture_sizing import build_model, shape_for, tiny_shape
 
     src, out = Path(tokenizer_from), Path(out_dir)
     if not (src / "tokenizer.json").is_file():
@@ -108,18 +111,20 @@ def make_fixture_model(out_dir: str | Path, size_mb: float, *, tokenizer_from: s
         raise ValueError(f"dtype must be one of {', '.join(ITEMSIZE)}, got {dtype!r}")
     if bits not in (None, 4, 8):
         raise ValueError(f"bits must be 4 or 8, got {bits!r}")
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {arch!r}")
     vocab = Tokenizer.from_file(str(src / "tokenizer.json")).get_vocab_size()
     src_cfg = json.loads((src / "config.json").read_text()) if (src / "config.json").is_file() else {}
-    config = {
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"],
-        **plan(size_mb * 1e6, vocab, ITEMSIZE[dtype], bits=bits),
-        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 8192,
-        "vocab_size": vocab, "tie_word_embeddings": True, "torch_dtype": dtype,
-        **{k: src_cfg[k] for k in ("bos_token_id", "eos_token_id") if k in src_cfg},
-    }
+    special = {k: src_cfg[k] for k in ("bos_token_id", "eos_token_id") if k in src_cfg}
+    if arch == "llama" and size_mb is not None:
+        config = {**ARCHS["llama"].build(64, 1, 64, vocab), **plan(size_mb * 1e6, vocab, ITEMSIZE[dtype], bits=bits)}
+    else:
+        shape = tiny_shape(ARCHS[arch]) if size_mb is None else shape_for(
+            ARCHS[arch], size_mb * 1e6, vocab, dtype=dtype, bits=bits, group_size=GROUP_SIZE)
+        config = ARCHS[arch].build(*shape, vocab)
+    config.update(torch_dtype=dtype, **special)
     mx.random.seed(seed)
-    model = llama.Model(llama.ModelArgs.from_dict(config))
-    model.set_dtype(getattr(mx, dtype))
+    model = build_model(config, dtype)
     if bits is not None:
         model, config = quantize_model(model, config, GROUP_SIZE, bits)
 

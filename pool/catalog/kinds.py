@@ -50,14 +50,15 @@ def _is_encoder(folder: Path, config: dict) -> bool:
     return (folder / "modules.json").is_file() or config.get("model_type") in ENCODER_TYPES
 
 
-def config_context_length(folder: Path, config: dict) -> int | None:
+def config_context_length(config: dict) -> int | None:
+    """The positions a model was built for, from its config.json (a VLM's nests it in text_config)."""
     return _first_length(config) or _first_length(config.get("text_config"))
 
 
 def _encoder_context_length(folder: Path, config: dict) -> int | None:
     """An embedding model's is sentence-transformers' `max_seq_length` when given and shorter (what
     its engine enforces)."""
-    found = config_context_length(folder, config)
+    found = config_context_length(config)
     limit = _positive(read_json(folder / "sentence_bert_config.json").get("max_seq_length"))
     return min(filter(None, (found, limit)), default=None)
 
@@ -66,7 +67,7 @@ CHAT = Kind("chat", "a chat model", detects=lambda folder, config: True,
             engine="pool.engines.generator:TextEngine", protocol=GENERATE,
             # every chat model takes tools: through its chat template's own format, else the fallback
             capabilities=("chat", "completions", "tools", "structured_output"), keeps_kv=True,
-            context_length=config_context_length)
+            context_length=lambda folder, config: config_context_length(config))
 EMBEDDINGS = Kind("embeddings", "an embedding model", detects=_is_encoder,
                   engine="pool.engines.encoder:EmbeddingEngine", protocol=ENCODE,
                   capabilities=("embeddings",), keeps_kv=False, context_length=_encoder_context_length)

@@ -21,6 +21,8 @@ import mlx.core as mx
 from mlx_lm.generate import generation_stream
 
 from .admission import Arrivals, PromptEncoding
+from .checkpoints import positions
+from .engine_cache import PromptCaching
 from .generation_request import Outbox, Request, coalesced
 from .grammar import prepare as prepare_grammar
 from .lanes import BatchLane, SoloLane, new_cache, prefill_chunk
@@ -28,7 +30,6 @@ from .loading import fill_weights, model_info, open_model
 from .processors import TokenText, logits_processors, sampler, token_logprob
 from .prompt_cache import PromptCache, make_prompt_cache_store
 from .protocol import (
-    CacheStats,
     Chunk,
     EngineError,
     KVConfig,
@@ -48,10 +49,9 @@ log = logging.getLogger(__name__)
 STATS_INTERVAL = 0.05     # seconds between two readings of the KV sizes while requests decode
 PREFILL_STEP = 512         # prompt tokens read per step until the pool sets its own (OMLX_PREFILL_STEP)
 PREFILL_STEP_ALONE = 2048  # ... by a request alone (OMLX_PREFILL_STEP_ALONE): it holds nobody up
-KV_GROWTH_STEP = 64 * 2**20   # the live KV grown by this much since the last report wakes the enforcer
 
 
-class TextEngine(PromptEncoding, EngineWorker):
+class TextEngine(PromptEncoding, PromptCaching, EngineWorker):
     """One language model on one engine thread. Every public coroutine is safe to call from the event loop."""
 
     def __init__(self, model_id: str, path: Path, *, load: LoadOptions = LoadOptions(),
@@ -63,6 +63,7 @@ class TextEngine(PromptEncoding, EngineWorker):
         self._prompt_cache: PromptCache | None = None    # made on the engine thread (the disk tier reads files)
         self._on_kv_growth = on_kv_growth       # called from the thread when the live KV grew a KV_GROWTH_STEP
         self._kv_reported = 0
+        self._trimmable = True                 # the model's caches can be cut back (else: checkpoints)
         self._model = None
         self._tokenizer = None
         self._lanes: dict[Any, BatchLane | SoloLane] = {}    # KVConfig, or ("solo", n) for quantized KV
@@ -79,14 +80,6 @@ class TextEngine(PromptEncoding, EngineWorker):
         self._stats_stale = False     # a request left since the KV sizes were last read
         self._weight_bytes = 0
         self.active_requests = 0
-
-    async def shrink_prompt_cache(self, *, cap_bytes: int, free_bytes: int = 0) -> int:
-        """Set the prompt cache's cap, and drop least recently used entries until `free_bytes` more
-        are freed; returns the bytes freed."""
-        freed = await self.call(lambda: self._shrink_prompt_cache(cap_bytes, free_bytes))
-        if (store := self._prompt_cache) is not None:   # what left memory is written: wait here, off the thread
-            await asyncio.to_thread(store.wait_for_spills)
-        return freed
 
     def abort_all(self, message: str, code: str = "request_aborted") -> None:
         """End every running request with `RequestAborted(message, code)`; the model stays loaded."""
@@ -154,7 +147,8 @@ class TextEngine(PromptEncoding, EngineWorker):
         self._prompt_cache = make_prompt_cache_store(self.model_id, self.path, self._cache_options,
                                                      on_written=lambda: self._post(self._update_cache_stats))
         self._stop_tokens = [[t] for t in sorted(tokenizer.eos_token_ids)]
-        self._lanes = {KVConfig(): BatchLane(model, KVConfig(), self._stop_tokens)}
+        self._trimmable = self.model_info["kv_layout"].trimmable
+        self._lanes = {KVConfig(): self._new_lane(KVConfig())}
         self._idle_jobs = warm_jobs(lambda: (self._model, self._stop_tokens, self.prefill_step_alone),
                                     self._load_options, model_id=self.model_id)
         return LoadResult(measured_bytes=weight_bytes,
@@ -188,23 +182,25 @@ class TextEngine(PromptEncoding, EngineWorker):
         try:   # anything that fails here ends this request, never the engine's thread
             if p.seed is not None:
                 mx.random.seed(p.seed)
-            cache, cached = None, 0
+            cache, cached, marks = None, 0, ()
             if p.cache_prompt and p.kv.default and self._prompt_cache is not None:
                 cache, cached = self._prompt_cache.fetch(req.tokens, scope=p.cache_scope)
+                if not self._trimmable:
+                    marks = positions(p.checkpoints, cached, len(req.tokens))
             for choice in choices:
                 choice.cached_tokens = cached
             if len(choices) == 1:
-                self._start(req, req.tokens[cached:], cache, req.tokens[:cached])
+                self._start(req, req.tokens[cached:], cache, req.tokens[:cached], marks)
             else:
                 cache = cache if cache is not None else new_cache(self._model, p.kv)
                 self._prefills.append(SharedPrefill(self._model, req.tokens[cached:], cache,
-                                                    req.tokens[:cached], choices))
+                                                    req.tokens[:cached], choices, marks))
         except Exception as e:  # noqa: BLE001
             self._fail_start(choices, e)
             return
         self._count_active()
 
-    def _start(self, req: Request, tokens: list[int], cache, all_tokens: list[int]) -> None:
+    def _start(self, req: Request, tokens: list[int], cache, all_tokens: list[int], marks=()) -> None:
         """Put one choice into its lane, with its own sampler and logits processors."""
         p = req.params
         req.lane = self._lane_for(p.kv)
@@ -213,7 +209,7 @@ class TextEngine(PromptEncoding, EngineWorker):
         req.uid = self._lanes[req.lane].insert(
             tokens, cache=cache, all_tokens=all_tokens, max_tokens=p.max_tokens,
             sampler=sampler(p.temperature, p.top_p),
-            processors=logits_processors(p, self._tokenizer))
+            processors=logits_processors(p, self._tokenizer), checkpoints=marks)
         req.detokenizer = self._tokenizer.detokenizer
         self._requests[(req.lane, req.uid)] = req
 
@@ -227,7 +223,11 @@ class TextEngine(PromptEncoding, EngineWorker):
         """Read one chunk of each shared prompt; a prompt read in full starts its choices."""
         for job in list(self._prefills):
             try:
-                if not job.step(prefill_chunk(job.requests[0].params.kv, self.prefill_step)):
+                done = job.step(prefill_chunk(job.requests[0].params.kv, self.prefill_step))
+                for cache, tokens in job.kept:
+                    self._store(job.requests[0], cache, tokens)
+                job.kept.clear()
+                if not done:
                     continue
                 self._prefills.remove(job)
                 for req, cache in job.fork():
@@ -246,9 +246,13 @@ class TextEngine(PromptEncoding, EngineWorker):
         """Requests that can batch together share a lane; quantized KV gets one of its own."""
         key = kv if kv.batches else ("solo", next(self._solo_ids))
         if key not in self._lanes:
-            lane_type = BatchLane if kv.batches else SoloLane
-            self._lanes[key] = lane_type(self._model, kv, self._stop_tokens)
+            self._lanes[key] = self._new_lane(kv)
         return key
+
+    def _new_lane(self, kv: KVConfig) -> BatchLane | SoloLane:
+        if not kv.batches:
+            return SoloLane(self._model, kv, self._stop_tokens)
+        return BatchLane(self._model, kv, self._stop_tokens, trimmable=self._trimmable)
 
     def _retire(self, key) -> None:
         """Close a lane its last request left, but the default one, which stays for the next."""
@@ -278,12 +282,6 @@ class TextEngine(PromptEncoding, EngineWorker):
                     self._prefills.remove(job)
                 return
 
-    def _store(self, req: Request, cache, tokens) -> None:
-        # one choice's KV is enough for the next turn, whichever choice the client keeps
-        if req.params.cache_prompt and req.params.kv.default and self._prompt_cache is not None and cache \
-                and req.index == 0:
-            self._prompt_cache.store(list(tokens), cache, scope=req.params.cache_scope)
-
     def _abort_all(self, error: BaseException) -> None:
         waiting = [req for job in self._prefills for req in job.requests]
         for req in list(self._requests.values()) + waiting:
@@ -306,6 +304,9 @@ class TextEngine(PromptEncoding, EngineWorker):
                 self._fail_lane(key, EngineError(f"generation failed: {type(e).__name__}"))
                 continue
             self._note_prompt_read(key, lane)
+            for uid, cache, tokens in lane.checkpoints():
+                if (req := self._requests.get((key, uid))) is not None:
+                    self._store(req, cache, tokens)
             for step in steps:
                 req = self._requests.get((key, step.uid))
                 if req is None:
@@ -336,34 +337,7 @@ class TextEngine(PromptEncoding, EngineWorker):
         if lane is not None:
             lane.close()
         if key == KVConfig():
-            self._lanes[key] = BatchLane(self._model, KVConfig(), self._stop_tokens)
-
-    def _update_cache_stats(self) -> None:
-        self._stats_at, self._stats_stale = time.monotonic(), False
-        pc = self._prompt_cache
-        kv = sum(lane.kv_bytes for lane in self._lanes.values()) + sum(job.kv_bytes for job in self._prefills)
-        disk = pc.disk if pc is not None else None
-        self.cache_stats = CacheStats(kv_bytes=kv) if pc is None else CacheStats(
-            kv_bytes=kv, prompt_cache_bytes=pc.nbytes, prompt_cache_entries=pc.entries,
-            prompt_cache_cap_bytes=pc.cap_bytes, hits=pc.stats.hits, misses=pc.stats.misses,
-            tokens_saved=pc.stats.tokens_saved, disk_bytes=disk.nbytes if disk else 0,
-            disk_entries=disk.entries if disk else 0, disk_hits=disk.stats.hits if disk else 0)
-        if kv < self._kv_reported:
-            self._kv_reported = kv
-        elif kv - self._kv_reported >= KV_GROWTH_STEP:
-            self._kv_reported = kv
-            if self._on_kv_growth is not None:
-                self._on_kv_growth(kv)
-
-    def _shrink_prompt_cache(self, cap_bytes: int, free_bytes: int) -> int:
-        pc = self._prompt_cache
-        if pc is None:
-            return 0
-        freed = pc.set_cap(cap_bytes)
-        if free_bytes > freed:
-            freed += pc.trim(pc.nbytes - (free_bytes - freed))
-        self._update_cache_stats()
-        return freed
+            self._lanes[key] = self._new_lane(KVConfig())
 
     def _deliver(self, req: Request, token: int, finish_reason: str | None, logprobs=None) -> None:
         top = req.params.logprobs

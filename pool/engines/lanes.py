@@ -18,8 +18,9 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generate_step, generation_stream
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache, trim_prompt_cache
 
+from .checkpoints import segments
 from .protocol import KVConfig
-from .single_sequence import Pending, SingleSequence, can_run_single, with_history
+from .single_sequence import Pending, SingleSequence, with_history
 
 SIMILAR_TOKENS = 64        # prompts up to this long always enter together (padding them costs little)
 ROTATING_KEEP = 4          # tokens a rotating cache always keeps at the start (mlx-lm's default)
@@ -71,12 +72,13 @@ class BatchLane:
     `BatchGenerator`, and a request left alone in the batch leaves it again. Requests that arrive
     between two steps enter the batch together, so their prompts are read as one batch."""
 
-    def __init__(self, model, config: KVConfig, stop_tokens: list[list[int]], *, prefill_batch: int = 32):
+    def __init__(self, model, config: KVConfig, stop_tokens: list[list[int]], *, trimmable: bool = True,
+                 prefill_batch: int = 32):
         self.model, self.config = model, config
         self._generator = BatchGenerator(model, stop_tokens=stop_tokens, stream=generation_stream,
                                          prefill_batch_size=prefill_batch, completion_batch_size=prefill_batch)
         self._stop = {t for seq in stop_tokens for t in seq if len(seq) == 1}
-        self._fast = config.max_kv_size is None and can_run_single(model)
+        self._fast = config.max_kv_size is None and trimmable
         self._uids = itertools.count()
         self._incoming: list[Pending] = []
         self._single: SingleSequence | None = None
@@ -85,6 +87,7 @@ class BatchLane:
         self._generated: dict[int, int] = {}         # lane uid -> tokens generated in the batch
         self._prefix: dict[int, int] = {}            # lane uid -> tokens whose KV it brought (a cache hit)
         self._read: dict[int, int] = {}              # lane uid -> prompt tokens with KV now, since last asked
+        self._kept: list[tuple[int, list[Any], list[int]]] = []   # checkpoints since last asked: (uid, KV, tokens)
         self._prefill_step = 2048
 
     def set_prefill_step(self, tokens: int) -> None:
@@ -92,12 +95,13 @@ class BatchLane:
         self._prefill_step = self._generator.prefill_step_size = prefill_chunk(self.config, tokens)
 
     def insert(self, tokens: list[int], *, cache, all_tokens: list[int], max_tokens: int, sampler,
-               processors=()) -> int:
+               processors=(), checkpoints: tuple[int, ...] = ()) -> int:
+        """A request; `checkpoints`: prompt positions at which to hand out a copy of its KV (`checkpoints()`)."""
         if cache is None and self.config.max_kv_size is not None:
             cache = new_cache(self.model, self.config)
         uid = next(self._uids)
         self._incoming.append(Pending(uid, list(tokens), cache, list(all_tokens), max_tokens, sampler,
-                                      tuple(processors)))
+                                      tuple(processors), tuple(checkpoints)))
         return uid
 
     def step(self) -> list[Step]:
@@ -126,9 +130,11 @@ class BatchLane:
         return [len(p.tokens) for uid, p in self._batched.items() if not self._generated.get(uid)]
 
     def _to_batch(self, p: Pending) -> None:
-        (g,) = self._generator.insert([p.tokens], max_tokens=[p.max_tokens], caches=[p.cache],
-                                      all_tokens=[p.all_tokens], samplers=[p.sampler],
-                                      logits_processors=[list(p.processors)])
+        # each segment's end is a checkpoint: the generator reports it (end_of_segment) once read
+        (g,) = self._generator.insert_segments([segments(p.tokens, len(p.all_tokens), p.checkpoints)],
+                                               max_tokens=[p.max_tokens], caches=[p.cache],
+                                               all_tokens=[p.all_tokens], samplers=[p.sampler],
+                                               logits_processors=[list(p.processors)])
         self._in_batch[g] = p.uid
         self._batched[p.uid] = replace(p, cache=None, all_tokens=[])   # the generator holds the KV now
         self._generated[p.uid] = 0
@@ -149,10 +155,15 @@ class BatchLane:
 
     def _step_batch(self) -> list[Step]:
         prompts, responses = self._generator.next()
+        ends = []
         for r in prompts:
             uid = self._in_batch.get(r.uid)
             if uid is not None and not r.end_of_prompt:
                 self._read[uid] = self._prefix[uid] + r.progress[0]
+                if r.end_of_segment and self._batched[uid].checkpoints:
+                    ends.append(r.uid)
+        for g, (cache, tokens) in self._generator.extract_cache(ends).items():
+            self._kept.append((self._in_batch[g], cache, list(tokens)))
         steps = []
         for r in responses:
             uid = self._in_batch.get(r.uid)
@@ -191,6 +202,11 @@ class BatchLane:
         (a cache hit's included), for their traces' prefill progress."""
         read, self._read = self._read, {}
         return read
+
+    def checkpoints(self) -> list[tuple[int, list[Any], list[int]]]:
+        """(lane uid, a copy of its KV, the tokens in it) at each checkpoint its prompt passed since the last call."""
+        kept, self._kept = self._kept, []
+        return kept
 
     def remove(self, uid: int, *, keep_cache: bool = False):
         """Take a request out; with keep_cache, returns (its KV, its tokens) for the prompt cache."""
@@ -242,7 +258,7 @@ class SoloLane:
         self._prefill_step = tokens                   # for a request not yet started
 
     def insert(self, tokens: list[int], *, cache, all_tokens: list[int], max_tokens: int, sampler,
-               processors=()) -> int:
+               processors=(), checkpoints: tuple[int, ...] = ()) -> int:
         self._cache = cache or make_prompt_cache(self.model)
         self._max_tokens = max_tokens
         c = self.config
@@ -266,6 +282,9 @@ class SoloLane:
 
     def prompt_read(self) -> dict[int, int]:
         return {}                                     # generate_step reads the whole prompt in one step
+
+    def checkpoints(self) -> list:
+        return []                                     # quantized KV is never kept in the prompt cache
 
     def remove(self, uid: int, *, keep_cache: bool = False):
         if self._steps is not None:

@@ -16,7 +16,9 @@ from mlx.utils import tree_flatten
 from mlx_lm.generate import generation_stream
 from mlx_lm.utils import load_model, load_tokenizer
 
+from ..catalog.kinds import config_context_length
 from .dequantize import dequantize_for_cpu
+from .kv_layout import measure_layout
 from .memory_release import ACCOUNTING
 
 DEFAULT_GROUP_BYTES = 64 * 2**20
@@ -191,18 +193,10 @@ def _read_ahead(path: Path) -> None:
 
 
 def model_info(model, config: dict) -> dict:
-    args = getattr(model, "args", None)
-    layers = (getattr(args, "num_hidden_layers", None) or config.get("num_hidden_layers")
-              or len(getattr(model, "layers", [])))
-    heads = getattr(args, "num_attention_heads", None) or config.get("num_attention_heads") or 1
-    kv_heads = getattr(args, "num_key_value_heads", None) or config.get("num_key_value_heads") or heads
-    hidden = getattr(args, "hidden_size", None) or config.get("hidden_size") or 0
-    head_dim = getattr(args, "head_dim", None) or config.get("head_dim") or (hidden // heads if heads else 0)
-    dtype = str(config.get("torch_dtype") or "float32")
-    bytes_per_element = 4 if "32" in dtype else 2
-    return {"layers": int(layers), "kv_heads": int(kv_heads), "head_dim": int(head_dim),
-            "bytes_per_element": bytes_per_element,
-            "context_length": config.get("max_position_embeddings"),
+    """What the pool and the door read of a loaded language model: its context, the weight of its
+    KV cache (kv_layout.py, read off the caches mlx-lm makes for it) and whether quantized KV runs."""
+    return {"context_length": config_context_length(config),
+            "kv_layout": measure_layout(model),
             # MLX's CUDA backend has no quantized_matmul for attention over a quantized KV cache
             # (seen on an H200 with mlx 0.32.4): such requests would fail mid-generation
             "quantized_kv": not mx.cuda.is_available()}

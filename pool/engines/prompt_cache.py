@@ -4,7 +4,9 @@ cap that memory pressure moves, with the counters the snapshot shows.
 A request takes the longest cached prefix of its tokens (an exact entry, a shorter one, or a longer
 one trimmed: LRUPromptCache's own search) as a private deep copy, so concurrent requests never
 share mutable KV. A finished request stores its prompt + completion KV, so the next turn of the
-same chat starts from it.
+same chat starts from it. An entry that cannot be trimmed (a recurrent state, a wrapped sliding
+window) serves only prompts that extend it: such a model's requests also store checkpoints, their
+KV at the chat's boundaries (checkpoints.py), which are entries like any other here.
 
 With a disk tier, an entry is written only when it leaves memory: pushed out by newer entries,
 dropped by memory pressure, or cleared at an unload. A finished turn's entry, which the next turn
@@ -162,8 +164,11 @@ class PromptCache:
         next logits."""
         cache, rest = self._lru.fetch_nearest_cache(_key(scope), tokens)
         if cache is not None and not rest:
-            trim_prompt_cache(cache, 1)
-            rest = tokens[-1:]
+            if can_trim_prompt_cache(cache):
+                trim_prompt_cache(cache, 1)
+            else:    # a state cannot give a token back: the checkpoint one token short, or a shorter prefix
+                cache, rest = self._lru.fetch_nearest_cache(_key(scope), tokens[:-1])
+            rest = rest + tokens[-1:] if cache is not None else tokens
         cached = len(tokens) - len(rest) if cache is not None else 0
         if self._pending:
             cache, cached = self._from_pending(tokens, cache, cached, scope)

@@ -71,6 +71,7 @@ class SamplingParams:
     logprobs: int | None = None    # None: off; k: each token's logprob and the k most likely
     constraint: Any = None         # has make_processor(tokenizer) -> a logits processor
     cache_scope: str | None = None  # prompt cache entries it may reuse and makes: its API key's (None: shared)
+    checkpoints: tuple[int, ...] = ()   # prompt positions the prompt cache keeps (a cache that cannot be cut back)
     progress: Any = None           # the request's trace: the engine thread sets its `generated` and `prefill_done`
 
     @property
@@ -168,6 +169,8 @@ class TextGenerator(Engine, Protocol):
     vocab_size: int | None
 
     def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]: ...
+    def chat_checkpoints(self, messages: list[dict], tools: list[dict] | None,
+                         prompt: list[int]) -> tuple[int, ...]: ...
     def encode_text(self, prompt: str) -> list[int]: ...
     def prepare_constraints(self) -> None: ...
     def generate(self, tokens: list[int], params: SamplingParams) -> AsyncIterator[Chunk]: ...

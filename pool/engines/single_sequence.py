@@ -6,7 +6,9 @@ runs it through `generate_step`, and hands it back to the batch when another req
 
 A request moves between the two with its KV cache and the tokens in it. Both generators run one
 step ahead, so the cache always holds the last token handed out; a move trims that token and
-feeds it again, which yields the same next token (`Pending`, below)."""
+feeds it again, which yields the same next token (`Pending`, below). So only a model whose caches
+can always be cut back (plain KVCaches: `KVLayout.trimmable`) takes this path; the others stay in
+the batch, as mlx_lm.server keeps every request."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step, generation_stream
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 
 @dataclass
@@ -30,6 +32,7 @@ class Pending:
     max_tokens: int
     sampler: Callable
     processors: tuple = ()
+    checkpoints: tuple[int, ...] = ()   # prompt positions to keep a copy of the KV at (checkpoints.py)
 
 
 def read_prompt_chunk(model, cache: list[Any], tokens: list[int]) -> None:
@@ -55,11 +58,6 @@ def with_history(processors, history: list[int]) -> list:
             logits = p(seen, logits)
         return logits
     return [processor]
-
-
-def can_run_single(model) -> bool:
-    """Only a model whose cache can be trimmed by a token can move between the two generators."""
-    return can_trim_prompt_cache(make_prompt_cache(model))
 
 
 class SingleSequence:

@@ -54,21 +54,22 @@ class RequestGate:
             self.waiting -= 1
 
     def check_prefill(self, model_id: str, model_info: dict, prompt_tokens: int, views: list[ModelView], *,
-                      param: str, live_kv_bytes: int = 0, kv: KVConfig = KVConfig()) -> None:
+                      param: str, live_kv_bytes: int = 0, kv: KVConfig = KVConfig(), choices: int = 1,
+                      prefill_chunk: int = 0) -> None:
         """Refuse up front a prompt whose KV cache (as its kv_bits / max_kv_size make it) cannot fit
         under the hard line once the caches are reclaimed and every idle model is evicted: a 400 when
         it would not fit even without the running requests' KV (`live_kv_bytes`), else a 503 to
         retry. A cached prefix does not lower it: the prompt cache hands each request a private copy
-        of the prefix's KV."""
-        if not model_info:
+        of the prefix's KV. Each of `choices` holds its own; a prompt read `prefill_chunk` tokens at a
+        time holds a chunk beyond a rotating layer's window meanwhile."""
+        layout = model_info.get("kv_layout")
+        if layout is None:
             return
         reading = self.probe.read()
         lines = memory_lines(self.conf, reading)
         if lines is None:
             return
-        estimate = kv_estimate(layers=model_info["layers"], kv_heads=model_info["kv_heads"],
-                               head_dim=model_info["head_dim"], bytes_per_element=model_info["bytes_per_element"],
-                               tokens=prompt_tokens, config=kv)
+        estimate = choices * kv_estimate(layout, tokens=prompt_tokens, config=kv, prefill_chunk=prefill_chunk)
         evictable = sum(v.footprint for v in lru_victims(views) if v.id != model_id)
         verdict = prefill_verdict(kv_estimate=estimate, usage=reading.usage, evictable_bytes=evictable,
                                   reclaimable_bytes=reading.reclaimable, live_kv_bytes=live_kv_bytes,

@@ -109,19 +109,21 @@ async def open_completion(door: Door, model_id: str, spec: CompletionSpec) -> Co
         entry, engine = lease.entry, lease.engine
         kv = _kv(spec, entry.model_settings, engine.model_info)
         _check_logit_bias(spec, engine.vocab_size)
-        fmt, tokens = await _prompt(engine, spec, tool_request)
+        fmt, tokens, checkpoints = await _prompt(engine, spec, tool_request)
         max_tokens = _fit_context(spec, len(tokens), context, entry.model_settings)
         if constraint is not None:
             await asyncio.to_thread(engine.prepare_constraints)
         # each choice holds its own copy of the prompt's KV
-        door.gate.check_prefill(entry.id, engine.model_info, len(tokens) * spec.n, door.pool.views(),
-                                param=spec.prompt_param, live_kv_bytes=door.pool.live_kv_bytes(), kv=kv)
+        door.gate.check_prefill(entry.id, engine.model_info, len(tokens), door.pool.views(), choices=spec.n,
+                                param=spec.prompt_param, live_kv_bytes=door.pool.live_kv_bytes(), kv=kv,
+                                prefill_chunk=max(door.pool.prefill_step, door.pool.prefill_step_alone))
         shown = tool_request is not None and tool_request.shown
         if (trace := current_trace.get()) is not None:
             trace.task = None
             trace.prefilling(len(tokens))
-        return Completion(entry.id, engine, tokens, _sampling(spec, entry.model_settings, kv, max_tokens, constraint),
-                          stack, tool_format=fmt if shown else None, tool_request=tool_request)
+        params = _sampling(spec, entry.model_settings, kv, max_tokens, constraint, checkpoints)
+        return Completion(entry.id, engine, tokens, params, stack, tool_format=fmt if shown else None,
+                          tool_request=tool_request)
     except BaseException as e:
         await stack.aclose()
         if was_cancelled(current_trace.get(), e):
@@ -207,13 +209,18 @@ def _chat_prompt(engine: TextGenerator, messages: list[dict], tool_request: Tool
 
 
 async def _prompt(engine: TextGenerator, spec: CompletionSpec,
-                  tool_request: ToolRequest | None) -> tuple[ToolFormat | None, list[int]]:
-    """(the request's tool format or None, its prompt tokens). A chat with tools or tool history is
-    rendered through pool.tools first; its InvalidRequest keeps the field it names."""
+                  tool_request: ToolRequest | None) -> tuple[ToolFormat | None, list[int], tuple[int, ...]]:
+    """(the request's tool format or None, its prompt tokens, where the prompt cache keeps its KV
+    for a model whose cache cannot be cut back). A chat with tools or tool history is rendered
+    through pool.tools first; its InvalidRequest keeps the field it names."""
     fmt, messages, template_tools = None, spec.messages, None
     if spec.messages is not None and _uses_tools(spec.messages, tool_request):
         fmt, messages, template_tools = await asyncio.to_thread(_chat_prompt, engine, spec.messages, tool_request)
-    return fmt, await _encode(engine, spec, messages, template_tools)
+    tokens = await _encode(engine, spec, messages, template_tools)
+    layout = engine.model_info.get("kv_layout")
+    if messages is None or not spec.cache_prompt or layout is None or layout.trimmable:
+        return fmt, tokens, ()
+    return fmt, tokens, await asyncio.to_thread(engine.chat_checkpoints, messages, template_tools, tokens)
 
 
 async def _encode(engine: TextGenerator, spec: CompletionSpec, messages: list[dict] | None,
@@ -236,7 +243,7 @@ async def _encode(engine: TextGenerator, spec: CompletionSpec, messages: list[di
 
 def _kv(spec: CompletionSpec, defaults: dict, model_info: dict) -> KVConfig:
     try:
-        return kv_config(spec.kv, defaults, head_dim=model_info.get("head_dim"),
+        return kv_config(spec.kv, defaults, layout=model_info.get("kv_layout"),
                          quantized_kv=model_info.get("quantized_kv", True))
     except KVFieldError as e:
         where = "" if e.field in spec.kv else " (the model's default)"
@@ -253,7 +260,7 @@ def _check_logit_bias(spec: CompletionSpec, vocab_size: int | None) -> None:
 
 
 def _sampling(spec: CompletionSpec, defaults: dict, kv: KVConfig, max_tokens: int,
-              constraint: Any = None) -> SamplingParams:
+              constraint: Any = None, checkpoints: tuple[int, ...] = ()) -> SamplingParams:
     def pick(value, name, fallback):
         if value is not None:
             return value
@@ -264,4 +271,5 @@ def _sampling(spec: CompletionSpec, defaults: dict, kv: KVConfig, max_tokens: in
                           cache_prompt=spec.cache_prompt, kv=kv, n=spec.n, logit_bias=spec.logit_bias,
                           presence_penalty=spec.presence_penalty, frequency_penalty=spec.frequency_penalty,
                           repetition_penalty=spec.repetition_penalty, logprobs=spec.logprobs,
-                          constraint=constraint, cache_scope=spec.cache_scope, progress=current_trace.get())
+                          constraint=constraint, cache_scope=spec.cache_scope, checkpoints=checkpoints,
+                          progress=current_trace.get())

@@ -61,12 +61,10 @@ def settled(trace: Trace, engine, params) -> None:
     """At the request's end: its KV at its largest (the prompt and what it generated, every choice,
     as the prefill guard estimates it) and the prompt-cache entry it left (the engine stores a
     finished request's first choice when its model keeps a cache)."""
-    info = getattr(engine, "model_info", None) or {}
+    layout = (getattr(engine, "model_info", None) or {}).get("kv_layout")
     tokens = trace.prompt_tokens + trace.completion_tokens
-    if tokens and all(k in info for k in ("layers", "kv_heads", "head_dim", "bytes_per_element")):
-        per_choice = kv_estimate(layers=info["layers"], kv_heads=info["kv_heads"], head_dim=info["head_dim"],
-                                 bytes_per_element=info["bytes_per_element"],
-                                 tokens=trace.prompt_tokens + trace.completion_tokens // max(1, params.n),
+    if tokens and layout is not None:
+        per_choice = kv_estimate(layout, tokens=trace.prompt_tokens + trace.completion_tokens // max(1, params.n),
                                  config=params.kv)
         trace.peak_kv_bytes = per_choice * max(1, params.n)
     stats = getattr(engine, "cache_stats", None)

@@ -9,6 +9,7 @@ import pytest
 
 from pool.api.errors import status_of
 from pool.errors import Busy, InvalidRequest
+from pool.policy.kv import llama_layout
 from pool.policy.vocabulary import Change
 from pool.serving.completion import CompletionSpec
 from tests.fakes import Core, Spec, model_folders
@@ -135,7 +136,7 @@ async def test_a_waiting_request_goes_on_when_pressure_clears(models):
 
 async def test_the_prefill_guard_refuses_a_prompt_whose_kv_cannot_fit(models):
     # 10 MB of KV per token: 60 prompt tokens need 600 MB, and 550 MB are left under the hard line
-    per_token = {"layers": 1, "kv_heads": 1, "head_dim": 2_500_000, "bytes_per_element": 2}
+    per_token = {"kv_layout": llama_layout(layers=1, kv_heads=1, head_dim=2_500_000, bytes_per_element=2)}
     core = Core(models, memory_ceiling=CEILING, specs={"a": Spec(model_info=per_token)})
     await loaded(core, "a")
     core.memory.base = 300 * MB
@@ -158,7 +159,7 @@ async def test_a_prompt_that_fits_only_once_running_requests_end_is_a_503_not_a_
     # 10 MB of KV per token. Usage 800 MB of the 950 MB hard line: a and b 100 MB each, b's running
     # request 300 MB of live KV, MLX's cache 100 MB (free to reclaim), 200 MB else. So 250 MB fit
     # now and 550 MB once b's request ends.
-    per_token = {"layers": 1, "kv_heads": 1, "head_dim": 2_500_000, "bytes_per_element": 2}
+    per_token = {"kv_layout": llama_layout(layers=1, kv_heads=1, head_dim=2_500_000, bytes_per_element=2)}
     core = Core(models, memory_ceiling=CEILING,
                 specs={"a": Spec(model_info=per_token), "b": Spec(tokens=10_000, token_seconds=0.005)})
     await loaded(core, "a", "b")
