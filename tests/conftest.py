@@ -75,14 +75,15 @@ def demo_model_dir(session_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def make_model(session_dir, demo_model_dir):
-    """make_model(name, size_mb, seed=0) -> a random-weight llama folder, built once per run."""
+    """make_model(name, size_mb, seed=0, arch="llama") -> a random-weight folder of that architecture
+    (pool/catalog/fixture_archs.py; size_mb None: the tiny shape), built once per run."""
     from pool.catalog.fixture_models import make_fixture_model
 
-    def make(name: str, size_mb: float, seed: int = 0) -> Path:
+    def make(name: str, size_mb: float | None, seed: int = 0, arch: str = "llama") -> Path:
         out = session_dir / "fixtures" / name
         with built_once(out) as missing:
             if missing:
-                make_fixture_model(out, size_mb, tokenizer_from=demo_model_dir, seed=seed)
+                make_fixture_model(out, size_mb, tokenizer_from=demo_model_dir, seed=seed, arch=arch)
         return out
     return make
 

@@ -201,11 +201,15 @@ class DiskCache:
         storage.health.failed(storage.Component.PROMPT_CACHE, fault or storage.fault_of(error, self.folder),
                               f"a spill for {self.folder.name}: {error}")
 
-    def longest_prefix(self, tokens: list[int], scope: str | None = None) -> tuple[str, int] | None:
-        """(file, tokens it shares with `tokens`) of `scope`'s entry sharing the most, or None."""
+    def longest_prefix(self, tokens: list[int], scope: str | None = None, *,
+                       whole: bool = False) -> tuple[str, int] | None:
+        """(file, tokens it shares with `tokens`) of `scope`'s entry sharing the most, or None. With
+        `whole`, only entries that are a prefix of `tokens` and shorter (a cache that cannot be cut back)."""
         with self._lock:
-            best = max(((name, common_prefix(stored, tokens)) for name, stored in self._index.items()
-                        if self._scopes.get(name) == scope), key=lambda item: item[1], default=None)
+            shared = ((name, len(stored), common_prefix(stored, tokens)) for name, stored in self._index.items()
+                      if self._scopes.get(name) == scope)
+            best = max(((name, common) for name, length, common in shared
+                        if not whole or common == length < len(tokens)), key=lambda item: item[1], default=None)
         return best if best and best[1] > 0 else None
 
     def load(self, name: str, scope: str | None = None) -> tuple[list[int], list[Any]] | None:

@@ -144,10 +144,11 @@ class TextEngine(PromptEncoding, PromptCaching, EngineWorker):
         # the weights' own bytes, not MLX's active-memory delta: other engines allocate meanwhile
         weight_bytes = self._weight_bytes = fill_weights(model, self._load_options.group_bytes, self.load_progress)
         self.model_info = model_info(model, config)
-        self._prompt_cache = make_prompt_cache_store(self.model_id, self.path, self._cache_options,
-                                                     on_written=lambda: self._post(self._update_cache_stats))
-        self._stop_tokens = [[t] for t in sorted(tokenizer.eos_token_ids)]
         self._trimmable = self.model_info["kv_layout"].trimmable
+        self._prompt_cache = make_prompt_cache_store(self.model_id, self.path, self._cache_options,
+                                                     on_written=lambda: self._post(self._update_cache_stats),
+                                                     trimmable=self._trimmable)
+        self._stop_tokens = [[t] for t in sorted(tokenizer.eos_token_ids)]
         self._lanes = {KVConfig(): self._new_lane(KVConfig())}
         self._idle_jobs = warm_jobs(lambda: (self._model, self._stop_tokens, self.prefill_step_alone),
                                     self._load_options, model_id=self.model_id)

@@ -85,8 +85,10 @@ class _Pending:
 
 class PromptCache:
     def __init__(self, *, max_bytes: int, max_entries: int, disk: DiskCache | None = None,
-                 on_evict: Callable[[list[int], list[Any]], None] | None = None, writer: Writer = WRITER):
+                 on_evict: Callable[[list[int], list[Any]], None] | None = None, writer: Writer = WRITER,
+                 trimmable: bool = True):
         self.configured_bytes = max_bytes
+        self.trimmable = trimmable     # the model's entries can be cut back; else only whole ones serve from disk
         self.max_entries = max_entries
         self.disk = disk
         self._writer = writer
@@ -184,7 +186,8 @@ class PromptCache:
     def _from_pending(self, tokens: list[int], cache, cached: int, scope: str | None):
         """An entry still being written, when it covers more of the prompt: a copy, from memory."""
         with self._written:
-            candidates = [p for p in self._pending.values() if p.scope == scope]
+            candidates = [p for p in self._pending.values() if p.scope == scope and (
+                self.trimmable or common_prefix(p.tokens, tokens) == len(p.tokens) < len(tokens))]
         best = max(((p, min(common_prefix(p.tokens, tokens), len(tokens) - 1)) for p in candidates),
                    key=lambda item: item[1], default=None)
         if best is None or best[1] <= cached:
@@ -199,7 +202,7 @@ class PromptCache:
 
     def _from_disk(self, tokens: list[int], cache, cached: int, scope: str | None):
         """The disk tier's entry instead, when it covers more of the prompt than memory does."""
-        best = self.disk.longest_prefix(tokens, scope)
+        best = self.disk.longest_prefix(tokens, scope, whole=not self.trimmable)
         if best is None or min(best[1], len(tokens) - 1) <= cached:
             return cache, cached
         loaded = self.disk.load(best[0], scope)
@@ -245,7 +248,8 @@ class PromptCache:
 
 
 def make_prompt_cache_store(model_id: str, model_path: Path, options: PromptCacheOptions,
-                            on_written: Callable[[], None] | None = None) -> PromptCache | None:
+                            on_written: Callable[[], None] | None = None, *,
+                            trimmable: bool = True) -> PromptCache | None:
     """The store an engine's options ask for (None when off), with its disk tier when there is one;
     `on_written` is called on the writer thread after each spill (the engine re-reads its counters)."""
     if options.max_bytes <= 0 or options.max_entries <= 0:
@@ -259,6 +263,6 @@ def make_prompt_cache_store(model_id: str, model_path: Path, options: PromptCach
                              tier=tier)
         except OSError as e:   # a read-only or full data folder: memory only
             log.warning("no disk tier for %s's prompt cache: %s", model_id, e)
-    store = PromptCache(max_bytes=options.max_bytes, max_entries=options.max_entries, disk=disk)
+    store = PromptCache(max_bytes=options.max_bytes, max_entries=options.max_entries, disk=disk, trimmable=trimmable)
     store.on_written = on_written
     return store

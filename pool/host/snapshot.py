@@ -7,6 +7,7 @@ from typing import Any
 from ..catalog.kinds import model_card
 from ..engines.protocol import CacheStats
 from ..policy.idle import ttl_remaining
+from ..policy.kv import kv_estimate
 from ..policy.load_plan import ModelView, lru_ranks
 from ..policy.vocabulary import ModelState
 from .engine_options import disk_tier
@@ -17,14 +18,26 @@ COUNTER_FIELDS = {"prompt_cache_hits": "hits", "prompt_cache_misses": "misses", 
                   "prompt_cache_disk_hits": "disk_hits"}
 
 
+def kv_layout(entry, context_length: int | None) -> dict[str, Any] | None:
+    """What a loaded language model's KV weighs (policy.kv.KVLayout, read off its caches): per token
+    of the layers that keep every token, fixed per sequence, the sliding windows, each kind of layer,
+    and one request's KV at the model's whole context."""
+    layout = (getattr(entry.engine, "model_info", None) or {}).get("kv_layout") if entry.engine else None
+    if layout is None:
+        return None
+    return {**layout.summary(),
+            "kv_bytes_at_context": kv_estimate(layout, tokens=context_length) if context_length else None}
+
+
 def model_row(entry, view: ModelView, rank: int | None, now: float, cache: CacheStats | None,
               slots: tuple[int, int] = (0, 0)) -> dict[str, Any]:
     loaded = entry.state == ModelState.LOADED
+    card = model_card(entry.path, entry.kind)
     return {
         "id": entry.id,
         "alias": entry.alias,
         "kind": entry.kind.name,  # pool/catalog/kinds.py: "chat" | "embeddings"
-        **model_card(entry.path, entry.kind),   # capabilities, context_length (read from the folder, cached)
+        **card,   # capabilities, context_length (read from the folder, cached)
         "display_name": entry.model_settings.get("display_name") or "",
         "hidden": entry.hidden,
         "state": entry.state,
@@ -49,6 +62,7 @@ def model_row(entry, view: ModelView, rank: int | None, now: float, cache: Cache
         "marked_for_unload": entry.marked_for_unload,
         # KV memory beside the weights: live requests' KV and the prefix cache (loaded models only)
         **{name: getattr(cache, name) if cache else None for name in CACHE_FIELDS},
+        "kv_layout": kv_layout(entry, card.get("context_length")) if loaded else None,
         **{name: getattr(cache, field) if cache else None for name, field in COUNTER_FIELDS.items()},
     }
 

@@ -145,7 +145,7 @@ async def count_tokens(door: Door, model_id: str, spec: CompletionSpec) -> int:
 
     tool_request = _tool_request(spec)
     async with door.acquire(model_id, CHAT, keep_alive=spec.keep_alive, slot=False, check=check) as lease:
-        _, tokens = await _prompt(lease.engine, spec, tool_request)
+        _, tokens, _ = await _prompt(lease.engine, spec, tool_request, checkpoints=False)
         return len(tokens)
 
 
@@ -208,8 +208,8 @@ def _chat_prompt(engine: TextGenerator, messages: list[dict], tool_request: Tool
     return (fmt, *prepare_messages(messages, tool_request, fmt))
 
 
-async def _prompt(engine: TextGenerator, spec: CompletionSpec,
-                  tool_request: ToolRequest | None) -> tuple[ToolFormat | None, list[int], tuple[int, ...]]:
+async def _prompt(engine: TextGenerator, spec: CompletionSpec, tool_request: ToolRequest | None, *,
+                  checkpoints: bool = True) -> tuple[ToolFormat | None, list[int], tuple[int, ...]]:
     """(the request's tool format or None, its prompt tokens, where the prompt cache keeps its KV
     for a model whose cache cannot be cut back). A chat with tools or tool history is rendered
     through pool.tools first; its InvalidRequest keeps the field it names."""
@@ -218,7 +218,7 @@ async def _prompt(engine: TextGenerator, spec: CompletionSpec,
         fmt, messages, template_tools = await asyncio.to_thread(_chat_prompt, engine, spec.messages, tool_request)
     tokens = await _encode(engine, spec, messages, template_tools)
     layout = engine.model_info.get("kv_layout")
-    if messages is None or not spec.cache_prompt or layout is None or layout.trimmable:
+    if not checkpoints or messages is None or not spec.cache_prompt or layout is None or layout.trimmable:
         return fmt, tokens, ()
     return fmt, tokens, await asyncio.to_thread(engine.chat_checkpoints, messages, template_tools, tokens)
 

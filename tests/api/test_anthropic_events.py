@@ -57,14 +57,17 @@ def test_event_sequence(name, pieces, expected):
     out = stream.start()
     for piece in pieces:
         out += stream.feed(piece)
-    out += stream.finish(stop_reason="end_turn", stop_sequence=None, output_tokens=4)
+    out += stream.finish(stop_reason="end_turn", stop_sequence=None, output_tokens=4, cached_tokens=6)
     assert _names(out) == expected
     assert all(data["type"] == name for name, data in out)
     indexes = [data["index"] for name, data in out if name.startswith("content_block")]
     starts = [data["index"] for name, data in out if name == "content_block_start"]
     assert starts == list(range(len(starts))) and indexes == sorted(indexes)
-    assert out[0][1]["message"]["usage"] == {"input_tokens": 9, "output_tokens": 0}
-    assert out[-2][1]["usage"] == {"output_tokens": 4}
+    assert out[0][1]["message"]["usage"] == {"input_tokens": 9, "cache_creation_input_tokens": 0,
+                                             "cache_read_input_tokens": 0, "output_tokens": 0}
+    # the end's usage is the request's: 6 of the 9 prompt tokens came from the prompt cache
+    assert out[-2][1]["usage"] == {"input_tokens": 3, "cache_creation_input_tokens": 0,
+                                   "cache_read_input_tokens": 6, "output_tokens": 4}
 
 
 def test_stream_tool_use_block_carries_its_arguments_as_json_delta():

@@ -79,7 +79,8 @@ def test_system_prompt_and_count_tokens(server):
                                         messages=QUESTION).input_tokens
     assert longer.input_tokens > counted == as_blocks > 0
     reply = c.messages.create(model=DEMO, max_tokens=8, system=system, messages=QUESTION)
-    assert reply.usage.input_tokens == counted     # the same rendering as /v1/messages
+    # the same rendering as /v1/messages: its prompt is what it read and what the prompt cache gave
+    assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == counted
 
 
 def _sse_events(response: httpx.Response) -> list[tuple[str, dict]]:
@@ -115,7 +116,10 @@ def test_streaming_event_order(server):
     plain = client(server).messages.create(model=DEMO, max_tokens=16, messages=QUESTION)
     assert streamed == final.content[0].text == plain.content[0].text == text
     assert final.stop_reason == "end_turn" and final.usage.output_tokens == plain.usage.output_tokens
-    assert final.usage.input_tokens == plain.usage.input_tokens
+    assert final.usage.input_tokens + final.usage.cache_read_input_tokens == \
+        plain.usage.input_tokens + plain.usage.cache_read_input_tokens
+    # the same question a third time: all but its last token come from the prompt cache
+    assert plain.usage.cache_read_input_tokens > 0 and plain.usage.input_tokens == 1
 
 
 def test_errors_in_anthropics_envelope(server):
@@ -208,7 +212,9 @@ def test_tool_round_trip(server):
     counted = c.messages.count_tokens(model=DEMO, messages=follow, tools=[WEATHER]).input_tokens
     answer = c.messages.create(model=DEMO, max_tokens=24, messages=follow, tools=[WEATHER])
     assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
-    assert answer.usage.input_tokens == counted > reply.usage.input_tokens   # the call and its result are in the prompt
+    # the call and its result are in the prompt
+    prompt = lambda m: m.usage.input_tokens + m.usage.cache_read_input_tokens
+    assert prompt(answer) == counted > prompt(reply)
 
 
 def test_streamed_tool_call(server):

@@ -142,7 +142,10 @@ def test_ps_shows_the_loaded_models_with_the_pools_bytes_and_their_expiry(server
     (row,) = client.ps().models
     measured = server.model(DEMO)["measured_bytes"]
     assert row.model == row.name == DEMO_TAG and measured
-    assert row.size == row.size_vram == measured
+    # as Ollama's, the size holds the KV of the context it reports: every token of 8192, each the same
+    layout = server.model(DEMO)["kv_layout"]
+    assert layout["kv_bytes_at_context"] == 8192 * layout["kv_bytes_per_token"] > 0
+    assert row.size == row.size_vram == measured + layout["kv_bytes_at_context"]
     assert row.context_length == 8192 and row.details.family == "llama"
     assert row.digest == next(m.digest for m in client.list().models if m.model == DEMO_TAG)
     assert row.expires_at.year > 2200     # no TTL and no keep_alive: time never unloads it (Ollama's far future)

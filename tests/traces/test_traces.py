@@ -58,7 +58,7 @@ def test_an_anthropic_message_is_traced_in_its_dialect(server):
     message = raw.parse()
     trace = trace_of(server, raw.headers["x-omlx-request-id"])
     assert trace["dialect"] == "anthropic" and trace["route"] == "/v1/messages" and trace["stream"] is False
-    assert trace["prompt_tokens"] == message.usage.input_tokens
+    assert trace["prompt_tokens"] == message.usage.input_tokens + message.usage.cache_read_input_tokens
     assert trace["completion_tokens"] == message.usage.output_tokens
 
 

@@ -57,8 +57,12 @@ def content_blocks(pieces: list[Piece]) -> list[dict]:
     return blocks
 
 
-def usage(input_tokens: int, output_tokens: int) -> dict:
-    return {"input_tokens": input_tokens, "output_tokens": output_tokens}
+def usage(prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict:
+    """Anthropic's usage: `input_tokens` are the prompt's tokens not read from the cache (those are
+    `cache_read_input_tokens`; the prompt is their sum). Nothing is written on request here: every
+    prompt is cached as it is read, so `cache_creation_input_tokens` is 0."""
+    return {"input_tokens": prompt_tokens - cached_tokens, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached_tokens, "output_tokens": output_tokens}
 
 
 def message(*, model: str, content: list[dict], stop_reason: str | None, stop_sequence: str | None,
@@ -100,11 +104,14 @@ class EventStream:
         events = [] if self._open == "text" else self._begin({"type": "text", "text": ""})
         return [*events, self._delta({"type": "text_delta", "text": piece.text})]
 
-    def finish(self, *, stop_reason: str, stop_sequence: str | None, output_tokens: int) -> list[tuple[str, dict]]:
+    def finish(self, *, stop_reason: str, stop_sequence: str | None, output_tokens: int,
+               cached_tokens: int = 0) -> list[tuple[str, dict]]:
+        """The end; its usage is the whole request's (message_start's was sent before the prompt
+        cache was asked, so it counted every prompt token as input)."""
         events = [*self._close(), *self._ping()]
         events.append(("message_delta", {"type": "message_delta",
                                          "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                                         "usage": {"output_tokens": output_tokens}}))
+                                         "usage": usage(self.input_tokens, output_tokens, cached_tokens)}))
         events.append(("message_stop", {"type": "message_stop"}))
         return events
 

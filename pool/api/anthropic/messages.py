@@ -89,7 +89,7 @@ async def _collect(completion, reader) -> dict:
     return shape.message(model=completion.model_id, content=shape.content_blocks(pieces),
                          stop_reason=shape.stop_reason(last.finish_reason, stop_sequence, tool_use=tool_use),
                          stop_sequence=None if tool_use else stop_sequence,
-                         usage=shape.usage(last.prompt_tokens, last.completion_tokens))
+                         usage=shape.usage(last.prompt_tokens, last.completion_tokens, last.cached_tokens))
 
 
 async def _stream(completion, reader):
@@ -107,6 +107,7 @@ async def _stream(completion, reader):
                 stop_sequence = None if stream.tool_use else chunk.stop_sequence
                 events += stream.finish(
                     stop_reason=shape.stop_reason(chunk.finish_reason, stop_sequence, tool_use=stream.tool_use),
-                    stop_sequence=stop_sequence, output_tokens=chunk.completion_tokens)
+                    stop_sequence=stop_sequence, output_tokens=chunk.completion_tokens,
+                    cached_tokens=chunk.cached_tokens)
             if events:
                 yield b"".join(sse(*event) for event in events)

@@ -52,6 +52,7 @@ class Clock:
         ns = lambda seconds: int(max(0.0, seconds) * 1e9)
         return {"total_duration": ns(self.end - self.start), "load_duration": ns(self.opened - self.start),
                 "prompt_eval_count": final.prompt_tokens if final else 0,
+                "prompt_eval_cached_count": final.cached_tokens if final else 0,
                 "prompt_eval_duration": ns(self.first - self.opened),
                 "eval_count": final.completion_tokens if final else 0, "eval_duration": ns(self.end - self.first)}
 

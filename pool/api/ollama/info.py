@@ -119,7 +119,11 @@ async def ps(request):
         model = records.get(row["id"])
         if row["state"] != "loaded" or row["hidden"] or model is None or not visible(request, row["id"]):
             continue
-        size = row["measured_bytes"] or row["size_bytes"]    # unified memory: all of it is the GPU's
+        # Ollama's size holds the KV of the context it reports beside it: here, what one request at the
+        # whole context would add (the snapshot's estimate, from the model's own caches); unified
+        # memory, so all of it is the GPU's
+        at_context = (row.get("kv_layout") or {}).get("kv_bytes_at_context") or 0
+        size = (row["measured_bytes"] or row["size_bytes"]) + at_context
         models.append({**_summary(router, model, card(model.path)), "size": size, "size_vram": size,
                        "expires_at": expires_at(row, snapshot["time"]), "context_length": row["context_length"]})
     models += await _fleet_models(request, "/api/ps")      # a model loaded on two hosts is listed twice
