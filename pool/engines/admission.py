@@ -19,6 +19,8 @@ from __future__ import annotations
 import collections
 import time
 
+from .checkpoints import chat_marks, generation_tail
+
 ADMIT_WAIT = 0.02      # seconds the step that starts new requests waits for announced ones, at most
 ANNOUNCED_FOR = 0.5    # an announcement older than this is not waited for (a prompt only counted, or refused)
 
@@ -73,6 +75,7 @@ class PromptEncoding:
     """A text engine's prompts: its tokenizer, and encoding that announces a request to `arrivals`."""
 
     _tokenizer = None
+    _generation_tail: int | None = None    # checkpoints.generation_tail of this tokenizer, once asked
     arrivals: Arrivals
 
     @property
@@ -99,34 +102,11 @@ class PromptEncoding:
             raise
 
     def chat_checkpoints(self, messages: list[dict], tools: list[dict] | None, prompt: list[int]) -> tuple[int, ...]:
-        """Where this chat's prompt meets the prompts the same chat sends next, for a model whose cache
-        cannot be cut back to a shorter prefix (a recurrent state, a wrapped sliding window): the end
-        of its system prompt, the end of the turns before its last user message (a client that edits
-        or regenerates that message shares those), and where the next turn's own rendering of the
-        assistant's answer parts from this prompt's generation prompt. Each is found by rendering
-        those messages alone and comparing tokens, as mlx_lm.server finds the system prompt's end."""
-        tok = self._tokenizer
-        if not getattr(tok, "has_chat_template", False) or not messages:
-            return ()
-        extra = {"tools": list(tools)} if tools else {}
-        systems = next((i for i, m in enumerate(messages) if m.get("role") not in ("system", "developer")),
-                       len(messages))
-        last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=0)
-        renders = [messages[:systems] + [{"role": "user", "content": ""}] if 0 < systems < len(messages) else None,
-                   messages[:last_user] if systems < last_user else None,
-                   messages + [{"role": "assistant", "content": "."}]]
-        marks = set()
-        for render in renders:
-            if render is None:
-                continue
-            try:
-                tokens = tok.apply_chat_template(render, add_generation_prompt=False, tokenize=True, **extra)
-            except Exception:  # noqa: BLE001 - a template may refuse a partial chat: no mark there
-                continue
-            shared = next((i for i, (a, b) in enumerate(zip(tokens, prompt)) if a != b), min(len(tokens), len(prompt)))
-            if 0 < shared < len(prompt) - 1:
-                marks.add(shared)
-        return tuple(sorted(marks))
+        """Where this chat's prompt meets the prompts the same chat sends next (checkpoints.chat_marks),
+        for a model whose cache cannot be cut back."""
+        if self._generation_tail is None:
+            self._generation_tail = generation_tail(self._tokenizer)
+        return chat_marks(self._tokenizer, messages, tools, prompt, self._generation_tail)
 
     def encode_text(self, prompt: str) -> list[int]:
         self.arrivals.expect()

@@ -38,3 +38,48 @@ def next_stop(fed: int, at: tuple[int, ...], chunk: int) -> int:
     """How many tokens to read next from position `fed`: a chunk, cut short at the next position of `at`."""
     ahead = [p - fed for p in at if p > fed]
     return min([chunk, *ahead])
+
+
+def chat_marks(tokenizer, messages: list[dict], tools: list[dict] | None, prompt: list[int],
+               tail: int) -> tuple[int, ...]:
+    """Where a chat's prompt meets the prompts the same chat sends next: the end of its system
+    prompt (a new chat with the same one shares it), the end of the turns before its last user
+    message (a client that edits or regenerates that message shares those), and `tail` tokens
+    before its end, where the next turn's rendering of the answer parts from the generation prompt
+    (`generation_tail`). The first two are found by rendering those messages alone and comparing
+    tokens, as mlx_lm.server finds the system prompt's end."""
+    if not getattr(tokenizer, "has_chat_template", False) or not messages:
+        return ()
+    extra = {"tools": list(tools)} if tools else {}
+    systems = next((i for i, m in enumerate(messages) if m.get("role") not in ("system", "developer")), len(messages))
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=0)
+    renders = [messages[:systems] + [{"role": "user", "content": ""}] if 0 < systems < len(messages) else None,
+               messages[:last_user] if systems < last_user else None]
+    marks = {len(prompt) - tail}
+    for render in renders:
+        if render is None:
+            continue
+        try:
+            tokens = tokenizer.apply_chat_template(render, add_generation_prompt=False, tokenize=True, **extra)
+        except Exception:  # noqa: BLE001 - a template may refuse a partial chat: no mark there
+            continue
+        marks.add(_shared(tokens, prompt))
+    return tuple(sorted(m for m in marks if 0 < m < len(prompt) - 1))
+
+
+def generation_tail(tokenizer) -> int:
+    """How many of a generation prompt's last tokens the next turn's rendering of the answer does not
+    share (a template that opens a `<think>` block for the answer, and drops it from history): from
+    a one-message chat rendered both ways, once per tokenizer."""
+    ask = [{"role": "user", "content": "x"}]
+    try:
+        asked = tokenizer.apply_chat_template(ask, add_generation_prompt=True, tokenize=True)
+        answered = tokenizer.apply_chat_template(ask + [{"role": "assistant", "content": "."}],
+                                                 add_generation_prompt=False, tokenize=True)
+    except Exception:  # noqa: BLE001 - no template, or one that refuses the pair: the prompt's end serves
+        return 0
+    return len(asked) - _shared(answered, asked)
+
+
+def _shared(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
