@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: run test lint setup install blas browser services clients bench-cpu bench-single bench-concurrency bench-like-for-like bench-isolation bench-swap bench-enforcer bench-dashboard bench-multiturn bench-resume bench-kv bench-constrained bench-tracing bench-fleet bench-fleet-sim soak soak-tests clean
+.PHONY: run test lint setup install blas browser services clients bench-cpu bench-single bench-concurrency bench-like-for-like bench-isolation bench-swap bench-enforcer bench-dashboard bench-multiturn bench-architectures bench-resume bench-kv bench-constrained bench-tracing bench-fleet bench-fleet-sim soak soak-tests clean
 
 run: setup
 	$(PY) manage.py serve
@@ -98,6 +98,9 @@ bench-dashboard: setup
 
 bench-multiturn: setup
 	$(PY) benchmarks/multiturn.py
+
+bench-architectures: setup
+	$(PY) benchmarks/architectures.py
 
 bench-resume: setup
 	$(PY) benchmarks/resume.py

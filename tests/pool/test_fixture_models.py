@@ -84,8 +84,33 @@ def test_make_fixture_model_command(omlx_home, smollm2_dir):
     assert json.loads((folder / "config.json").read_text())["quantization"]["bits"] == 4
     assert weight_bytes(folder) == pytest.approx(8e6, rel=0.03)
 
+    # another architecture, as its real checkpoints ship (the text model under text_config); tiny by default
+    call_command("make_fixture_model", "hybrid", "--arch", "qwen3_5", "--tokenizer-from", str(smollm2_dir), stdout=out)
+    cfg = json.loads((omlx_home / "models" / "hybrid" / "config.json").read_text())
+    assert cfg["model_type"] == "qwen3_5" and cfg["text_config"]["model_type"] == "qwen3_5_text"
+    assert "qwen3_5: hidden_size=64" in out.getvalue()
+    with pytest.raises(CommandError):
+        call_command("make_fixture_model", "nope", "--arch", "no-such-arch", "--tokenizer-from", str(smollm2_dir))
+
     with pytest.raises(CommandError, match="prepare_demo"):  # default tokenizer: the demo model, absent here
         call_command("make_fixture_model", "other", "--size-mb", "6")
+
+
+# gpt_oss in float32: MLX's CPU backend gathers experts' matrices in float32 only (GatherMM)
+@pytest.mark.parametrize("arch, size_mb, dtype, bits", [
+    ("gemma3", 30, "bfloat16", None), ("qwen3_5", 40, "float32", None), ("deepseek_v3", 30, "bfloat16", 4),
+    ("gpt_oss", 30, "float32", None)])
+def test_other_architectures_land_on_their_target_size_and_generate(smollm2_dir, tmp_path, arch, size_mb, dtype, bits):
+    import mlx.core as mx
+    import mlx_lm
+    from mlx_lm.generate import generate_step
+
+    make_fixture_model(tmp_path / arch, size_mb, tokenizer_from=smollm2_dir, dtype=dtype, bits=bits, arch=arch)
+    assert weight_bytes(tmp_path / arch) == pytest.approx(size_mb * 1e6, rel=0.05)
+    model, tokenizer = mlx_lm.load(str(tmp_path / arch))
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    tokens = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=4)]
+    assert len(tokens) == 4 and all(0 <= t < VOCAB for t in tokens)
 
 
 @pytest.mark.parametrize("size_mb,itemsize,bits", [(30, 4, 4), (35, 2, 4), (100, 4, 8), (1000, 2, 4), (1500, 2, 4)])
