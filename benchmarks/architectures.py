@@ -95,12 +95,27 @@ def turns(server) -> dict:
     return {"answers": out, "cached": cached}
 
 
+def llama_formula(folder: Path, tokens: int) -> int:
+    """The estimate before issue 32: layers x kv_heads x head_dim x 2 x the config's dtype's bytes per
+    token, from config.json's top level (a nested text_config gave it nothing to read)."""
+    import json
+
+    c = json.loads((folder / "config.json").read_text())
+    layers, heads = c.get("num_hidden_layers") or 0, c.get("num_attention_heads") or 1
+    head_dim = c.get("head_dim") or (c.get("hidden_size") or 0) // heads
+    itemsize = 4 if "32" in str(c.get("torch_dtype") or "float32") else 2
+    return layers * (c.get("num_key_value_heads") or heads) * head_dim * 2 * itemsize * tokens
+
+
 def estimate_ratios(folder: Path, raw: Raw) -> list[float]:
+    """The estimate over what the caches hold at 1K and 8K tokens; then the old formula's, likewise."""
     from pool.engines.kv_layout import measure_layout
     from pool.policy.kv import kv_estimate
 
     layout = measure_layout(raw.model)
-    return [kv_estimate(layout, tokens=n, prefill_chunk=STEP) / raw.held_bytes(n) for n in (1024, 8192)]
+    held = {n: raw.held_bytes(n) for n in (1024, 8192)}
+    return [kv_estimate(layout, tokens=n, prefill_chunk=STEP) / held[n] for n in held] + [
+        llama_formula(folder, n) / held[n] for n in held]
 
 
 def main() -> None:
@@ -112,14 +127,15 @@ def main() -> None:
     p.add_argument("--no-server", action="store_true", help="only the KV estimate")
     args = p.parse_args()
     print(f"{'architecture':<12} {'answers=raw':>11}  {'cached: repeat / turn 2 / turn 3':>34}  "
-          f"{'mlx_lm.server':>16}  {'estimate/held at 1K, 8K':>24}", flush=True)
+          f"{'mlx_lm.server':>16}  {'estimate/held at 1K, 8K':>24}  {'before (llama formula)':>22}", flush=True)
     for arch in args.archs.split(","):
         folder = fixture_for(arch, args.size_mb)
         raw = Raw(folder)
         ratios = estimate_ratios(folder, raw)
         row = f"{arch:<12} "
         if args.no_server:
-            print(row + f"{'':>11}  {'':>34}  {'':>16}  {ratios[0]:>10.2f}x, {ratios[1]:.2f}x", flush=True)
+            print(row + f"{'':>11}  {'':>34}  {'':>16}  {ratios[0]:>16.3f}x, {ratios[1]:.3f}x  "
+                  f"{ratios[2]:>14.2f}x, {ratios[3]:.2f}x", flush=True)
             continue
         ours, theirs = start_omlx(folder), start_mlx_lm(folder)
         try:
@@ -135,7 +151,8 @@ def main() -> None:
                 *(text == raw.answer(m) for text, m in zip(a["together"], a["together messages"]))]
         c, o = mine["cached"], other["cached"]
         print(row + f"{sum(same):>6} of {len(same)}  {c['repeat']:>20} / {c['turn 2']} / {c['turn 3']:<6}  "
-              f"{o['repeat']:>6} / {o['turn 2']} / {o['turn 3']:<4}  {ratios[0]:>10.2f}x, {ratios[1]:.2f}x",
+              f"{o['repeat']:>6} / {o['turn 2']} / {o['turn 3']:<4}  {ratios[0]:>10.3f}x, {ratios[1]:.3f}x  "
+              f"{ratios[2]:>14.2f}x, {ratios[3]:.2f}x",
               flush=True)
         if not all(same):
             names = ["cold", "repeat", "turn 2", "turn 3", "together 1", "together 2", "together 3", "together 4"]

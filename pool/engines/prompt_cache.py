@@ -32,7 +32,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 import mlx.core as mx
-from mlx_lm.models.cache import LRUPromptCache, PromptTrie, can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import (
+    ArraysCache,
+    CacheList,
+    LRUPromptCache,
+    PromptTrie,
+    RotatingKVCache,
+    can_trim_prompt_cache,
+    trim_prompt_cache,
+)
 
 from .disk_cache import DiskCache, common_prefix, model_fingerprint
 from .disk_tier import tier_at
@@ -218,6 +226,8 @@ class PromptCache:
 
     def store(self, tokens: list[int], cache: list[Any], *, scope: str | None = None) -> None:
         if tokens and cache:
+            for c in cache:
+                _own_arrays(c)
             # a batch's extract is a lazy copy: unevaluated, the entry holds the whole batch's KV it came
             # from until it is used or evicted (measured: 100-300 MB after rounds of 32 streams)
             mx.async_eval([c.state for c in cache])
@@ -245,6 +255,20 @@ class PromptCache:
         if self.disk is not None:
             self.disk.close()
         return before
+
+
+def _own_arrays(c: Any) -> None:
+    """mlx-lm's BatchGenerator extracts a sequence's state (ArraysCache) and sliding window
+    (RotatingKVCache) as slices of the batch's arrays, which keep the whole batch's buffer alive (a
+    deep copy shares it too); a contiguous copy holds only its own rows, the bytes the entry counts.
+    (Its KVCache extract copies already.)"""
+    if isinstance(c, CacheList):
+        for inner in c.caches:
+            _own_arrays(inner)
+    elif isinstance(c, ArraysCache):
+        c.cache = [None if a is None else mx.contiguous(a) for a in c.cache]
+    elif isinstance(c, RotatingKVCache) and c.keys is not None:
+        c.keys, c.values = mx.contiguous(c.keys), mx.contiguous(c.values)
 
 
 def make_prompt_cache_store(model_id: str, model_path: Path, options: PromptCacheOptions,

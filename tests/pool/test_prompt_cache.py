@@ -39,6 +39,50 @@ def test_fetch_takes_the_longest_prefix_as_a_private_copy():
     assert (store.stats.hits, store.stats.misses, store.stats.tokens_saved) == (4, 1, 33)
 
 
+def state(tokens_seen: int) -> list:
+    """A recurrent state (an ArraysCache): its size does not depend on the tokens it has read."""
+    from mlx_lm.models.cache import ArraysCache
+
+    c = ArraysCache(1)
+    c.cache = [mx.full((1, 4, 8), float(tokens_seen))]
+    return [c]
+
+
+def test_an_entry_that_cannot_be_trimmed_serves_only_prompts_that_extend_it():
+    store = PromptCache(max_bytes=10**9, max_entries=10, trimmable=False)
+    store.store(list(range(20)), state(20))                      # a finished request: prompt and answer
+    assert store.fetch(list(range(10))) == (None, 0)             # a longer entry is no use: a state cannot trim
+    store.store(list(range(9)), state(9))                        # the checkpoint one token short of the prompt
+    cache, cached = store.fetch(list(range(10)))
+    assert cached == 9 and cache[0].cache[0][0, 0, 0].item() == 9
+    # an exact match cannot give its last token back: the checkpoint one short serves instead
+    store.store(list(range(10)), state(10))
+    cache, cached = store.fetch(list(range(10)))
+    assert cached == 9 and cache[0].cache[0][0, 0, 0].item() == 9
+    cache, cached = store.fetch(list(range(25)))
+    assert cached == 20 and cache[0].cache[0][0, 0, 0].item() == 20
+
+
+def test_a_state_sliced_from_a_batch_holds_only_its_own_rows():
+    import gc
+
+    from mlx_lm.models.cache import ArraysCache
+
+    gc.collect()
+    before = mx.get_active_memory()
+    batch = mx.ones((8, 1000, 1000))       # a batch of 8 sequences' states, 32 MB
+    mx.eval(batch)
+    entry = ArraysCache(1)
+    entry.cache = [batch[2:3]]              # what BatchGenerator's extract hands over: a view of it
+    store = PromptCache(max_bytes=10**9, max_entries=10, trimmable=False)
+    store.store([1, 2, 3], [entry])
+    del batch, entry
+    mx.eval(store._lru.fetch_nearest_cache("model", [1, 2, 3])[0][0].cache)
+    gc.collect()
+    assert mx.get_active_memory() - before <= 4_000_000 + 65536    # its own 4 MB, not the batch's 32
+    assert store.nbytes == 4_000_000
+
+
 def test_the_cache_never_holds_more_than_its_cap_or_its_entry_count():
     one = sum(c.nbytes for c in kv(300))
     evicted = []
