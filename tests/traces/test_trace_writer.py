@@ -1,7 +1,8 @@
 """The trace writer on a real server: traces stay within OMLX_TRACE_ROWS under a burst of 1,000
 short requests (six and a half times the bound), and they are written off the request's path: with
-the writer held behind another process's database lock, streams still finish and their traces are answered from memory, and they
-reach the database once the lock goes. With OMLX_TRACES=off nothing is traced."""
+the writer held behind another process's database lock, streams still finish and their traces are
+answered from memory, and they reach the database once the lock goes. With OMLX_TRACES=off nothing
+is traced."""
 
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
