@@ -6,7 +6,11 @@ The default (a growing KVCache) is one lane; each `max_kv_size` is another (a Ro
 by hand, since mlx-lm's make_prompt_cache ignores max_kv_size for llama, whose model makes its own
 cache). Quantized KV (`kv_bits`) has no batched cache in mlx-lm, so each such request decodes in a
 `SoloLane` of its own: mlx-lm's generate_step, one token per engine step, beside the batches. The
-engine steps every lane in turn, so all of them run concurrently on its one thread."""
+engine steps every lane in turn, so all of them run concurrently on its one thread.
+
+A model whose caches cannot be cut back (checkpoints.py) never takes the single-sequence path, and
+its prompts enter the generator cut at their checkpoints (`insert_segments`): at each segment's end
+the lane copies the request's KV out (`extract_cache`) for the engine to keep (`checkpoints()`)."""
 
 from __future__ import annotations
 
@@ -162,8 +166,9 @@ class BatchLane:
                 self._read[uid] = self._prefix[uid] + r.progress[0]
                 if r.end_of_segment and self._batched[uid].checkpoints:
                     ends.append(r.uid)
-        for g, (cache, tokens) in self._generator.extract_cache(ends).items():
-            self._kept.append((self._in_batch[g], cache, list(tokens)))
+        if ends:
+            for g, (cache, tokens) in self._generator.extract_cache(ends).items():
+                self._kept.append((self._in_batch[g], cache, list(tokens)))
         steps = []
         for r in responses:
             uid = self._in_batch.get(r.uid)
