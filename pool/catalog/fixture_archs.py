@@ -27,7 +27,6 @@ class Arch:
     name: str                       # --arch
     layer_step: int                 # layers come in whole patterns of this many (gemma3: 5 local + 1 global)
     build: Callable[[int, int, int, int], dict]   # (hidden, layers, intermediate, vocab) -> config.json
-    caches: str                     # what mlx-lm's make_prompt_cache gives it, for the docs and the CLI's help
 
 
 def _heads(hidden: int, kv_ratio: int) -> dict:
@@ -142,15 +141,15 @@ def _falcon_h1(h: int, n: int, i: int, vocab: int) -> dict:
 
 
 ARCHS: dict[str, Arch] = {a.name: a for a in (
-    Arch("llama", 1, _llama, "KVCache"),
-    Arch("qwen3", 1, _qwen3, "KVCache"),
-    Arch("qwen3_moe", 1, _qwen3_moe, "KVCache"),
-    Arch("phi3", 1, _phi3, "KVCache"),
-    Arch("gemma3_text", 6, _gemma3_text, "KVCache + RotatingKVCache"),
-    Arch("gemma3", 6, _gemma3, "KVCache + RotatingKVCache (nested text_config)"),
-    Arch("gpt_oss", 2, _gpt_oss, "KVCache + RotatingKVCache"),
-    Arch("qwen3_5", 4, _qwen3_5, "ArraysCache + KVCache (nested text_config)"),
-    Arch("deepseek_v3", 2, _deepseek_v3, "KVCache of MLA latents"),
-    Arch("lfm2", 3, _lfm2, "ArraysCache + KVCache"),
-    Arch("falcon_h1", 1, _falcon_h1, "CacheList(ArraysCache, KVCache)"),
+    Arch("llama", 1, _llama),
+    Arch("qwen3", 1, _qwen3),
+    Arch("qwen3_moe", 1, _qwen3_moe),
+    Arch("phi3", 1, _phi3),
+    Arch("gemma3_text", 6, _gemma3_text),
+    Arch("gemma3", 6, _gemma3),
+    Arch("gpt_oss", 2, _gpt_oss),
+    Arch("qwen3_5", 4, _qwen3_5),
+    Arch("deepseek_v3", 2, _deepseek_v3),
+    Arch("lfm2", 3, _lfm2),
+    Arch("falcon_h1", 1, _falcon_h1),
 )}

@@ -22,6 +22,7 @@ def tiny_shape(arch: Arch) -> tuple[int, int, int]:
 def build_model(config: dict, dtype: str):
     """mlx-lm's model for `config`, its weights random (MLX's own init, unevaluated) in `dtype`."""
     import mlx.core as mx
+    from mlx.utils import tree_flatten
     from mlx_lm.utils import _get_classes
 
     model_class, args_class = _get_classes(config)
@@ -29,26 +30,21 @@ def build_model(config: dict, dtype: str):
     keep = getattr(model, "cast_predicate", None) or (lambda path: True)
     # what mlx-lm keeps in float32 at load (a state-space model's A_log) stays so
     model.apply(lambda x: x.astype(getattr(mx, dtype)) if mx.issubdtype(x.dtype, mx.floating) else x)
-    float32 = {k: v.astype(mx.float32) for k, v in _flat(model.parameters()) if not keep(k)}
+    float32 = {k: v.astype(mx.float32) for k, v in tree_flatten(model.parameters()) if not keep(k)}
     if float32:
         model.load_weights(list(float32.items()), strict=False)
     return model
 
 
-def _flat(tree) -> list:
-    from mlx.utils import tree_flatten
-
-    return tree_flatten(tree)
-
-
 def model_bytes(config: dict, *, dtype: str, bits: int | None = None, group_size: int = 64) -> int:
     """The bytes a model of `config` would have on disk, counted without allocating them."""
+    from mlx.utils import tree_flatten
     from mlx_lm.utils import quantize_model
 
     model = build_model(config, dtype)
     if bits is not None:
         model, _ = quantize_model(model, dict(config), group_size, bits)
-    return sum(w.nbytes for _, w in _flat(model.parameters()))
+    return sum(w.nbytes for _, w in tree_flatten(model.parameters()))
 
 
 def shape_for(arch: Arch, target_bytes: float, vocab: int, *, dtype: str = "float32", bits: int | None = None,

@@ -13,6 +13,8 @@ memory pressure, spilled to disk."""
 
 from __future__ import annotations
 
+from .disk_cache import common_prefix
+
 
 def positions(marks: tuple[int, ...], cached: int, length: int) -> tuple[int, ...]:
     """The positions of a `length`-token prompt whose first `cached` tokens came from the prompt
@@ -63,7 +65,7 @@ def chat_marks(tokenizer, messages: list[dict], tools: list[dict] | None, prompt
             tokens = tokenizer.apply_chat_template(render, add_generation_prompt=False, tokenize=True, **extra)
         except Exception:  # noqa: BLE001 - a template may refuse a partial chat: no mark there
             continue
-        marks.add(_shared(tokens, prompt))
+        marks.add(common_prefix(tokens, prompt))
     return tuple(sorted(m for m in marks if 0 < m < len(prompt) - 1))
 
 
@@ -78,8 +80,4 @@ def generation_tail(tokenizer) -> int:
                                                  add_generation_prompt=False, tokenize=True)
     except Exception:  # noqa: BLE001 - no template, or one that refuses the pair: the prompt's end serves
         return 0
-    return len(asked) - _shared(answered, asked)
-
-
-def _shared(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return len(asked) - common_prefix(answered, asked)

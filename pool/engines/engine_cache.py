@@ -67,4 +67,3 @@ class PromptCaching:
             freed += pc.trim(pc.nbytes - (free_bytes - freed))
         self._update_cache_stats()
         return freed
-

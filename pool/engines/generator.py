@@ -63,7 +63,6 @@ class TextEngine(PromptEncoding, PromptCaching, EngineWorker):
         self._prompt_cache: PromptCache | None = None    # made on the engine thread (the disk tier reads files)
         self._on_kv_growth = on_kv_growth       # called from the thread when the live KV grew a KV_GROWTH_STEP
         self._kv_reported = 0
-        self._trimmable = True                 # the model's caches can be cut back (else: checkpoints)
         self._model = None
         self._tokenizer = None
         self._lanes: dict[Any, BatchLane | SoloLane] = {}    # KVConfig, or ("solo", n) for quantized KV
@@ -144,7 +143,6 @@ class TextEngine(PromptEncoding, PromptCaching, EngineWorker):
         # the weights' own bytes, not MLX's active-memory delta: other engines allocate meanwhile
         weight_bytes = self._weight_bytes = fill_weights(model, self._load_options.group_bytes, self.load_progress)
         self.model_info = model_info(model, config)
-        self._trimmable = self.model_info["kv_layout"].trimmable
         self._prompt_cache = make_prompt_cache_store(self.model_id, self.path, self._cache_options,
                                                      on_written=lambda: self._post(self._update_cache_stats),
                                                      trimmable=self._trimmable)
@@ -154,6 +152,12 @@ class TextEngine(PromptEncoding, PromptCaching, EngineWorker):
                                     self._load_options, model_id=self.model_id)
         return LoadResult(measured_bytes=weight_bytes,
                           seconds=time.perf_counter() - started, model_info=self.model_info)
+
+    @property
+    def _trimmable(self) -> bool:
+        """The model's caches can be cut back (else its prompt cache keeps checkpoints)."""
+        layout = self.model_info.get("kv_layout")
+        return layout is None or layout.trimmable
 
     def _has_work(self) -> bool:
         return bool(self._requests or self._prefills)

@@ -41,7 +41,7 @@ def measure_layout(model) -> KVLayout:
     head_dims = {c.keys.shape[-1] for c in caches if type(c) is KVCache and c.keys is not None}
     return KVLayout(layers, takes_max_kv_size=plain and _runs(model, _rotating(caches)),
                     takes_kv_bits=_takes_kv_bits(model, caches),
-                    head_dim=min(head_dims) if head_dims else None, trimmable=trims_back(caches))
+                    head_dim=min(head_dims) if head_dims else None, trimmable=plain)
 
 
 def trims_back(caches: list) -> bool:
