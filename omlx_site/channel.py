@@ -9,6 +9,8 @@ HTTPChannel with the limits a server of long answers needs on top.
   buffer or the kernel's send queue), the connection is dropped (a reset, which frees both) once
   OMLX_IDLE_TIMEOUT passes without the client reading any of it. Without this, a client that never
   reads keeps its connection and up to megabytes of output per connection for as long as it likes.
+  A connection that is not kept alive (`Connection: close`, HTTP/1.0) closes as soon as its client
+  has taken the whole answer.
 - One client address holds at most OMLX_MAX_CONNECTIONS_PER_CLIENT connections; a request on one
   more is answered 503 `too_many_connections` and the connection closed. The fleet's hosts
   (requests that carry the fleet key) are never refused."""
@@ -21,6 +23,7 @@ import logging
 import socket
 import struct
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass
 
@@ -43,6 +46,8 @@ URI_TOO_LONG = _bare("414 URI Too Long")
 HEADERS_TOO_LARGE = _bare("431 Request Header Fields Too Large")
 TOO_MANY_CONNECTIONS = "too_many_connections"
 SO_NWRITE = 0x1024        # macOS: the bytes a socket has not sent yet
+# how often a close that waits for its unread answer looks again (Connection: close, HTTP/1.0)
+DRAIN_POLL_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -185,25 +190,30 @@ class SiteChannel(HTTPChannel):
         self._headers_done = False
         # before Twisted closes a connection that is not kept alive: that close waits for the check
         if self.limits.idle_timeout and self._drain is None and (left := unsent(self.transport)):
-            self._watch(left)
+            self._watch(left, time.monotonic())
         super().requestDone(request)
 
-    def _watch(self, left: int) -> None:
-        self._drain = _later(self.limits.idle_timeout, self._check, left)
+    def _watch(self, left: int, since: float) -> None:
+        # a close waits for the client to take the whole answer (once the socket is closed, the
+        # kernel keeps an unread answer as long as the client likes and nothing here can drop it)
+        self._drain = _later(DRAIN_POLL_SECONDS, self._check, left, since)
 
-    def _check(self, before: int) -> None:
+    def _check(self, before: int, since: float) -> None:
         self._drain = None
         if self.transport is None:
             return
-        left = unsent(self.transport)
-        if left and left < before:
-            self._watch(left)          # the client reads, however slowly
-        elif left:
+        left, now = unsent(self.transport), time.monotonic()
+        if not left:
+            if self._close_pending:
+                super().loseConnection()
+        elif left < before:
+            self._watch(left, now)          # the client reads, however slowly
+        elif now - since < self.limits.idle_timeout:
+            self._watch(left, since)
+        else:
             log.info("dropping a connection whose client read none of the %d bytes left of its answer for %gs "
                      "(OMLX_IDLE_TIMEOUT)", left, self.limits.idle_timeout)
             self.transport.abortConnection()
-        elif self._close_pending:
-            super().loseConnection()
 
     def loseConnection(self):
         if self._drain is not None:

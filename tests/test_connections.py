@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import psutil
 
@@ -133,3 +134,37 @@ def test_a_request_line_or_headers_over_16_kib_are_answered(start_server):
             answer = _answer(s)
             assert answer.startswith(status), (status, answer[:200])
     assert server.get("/v1/models").status_code == 200      # a request under the limits is served
+
+
+def _read_until_closed(s: socket.socket, limit: float) -> tuple[bytes, float]:
+    s.settimeout(limit)
+    data, started = b"", time.monotonic()
+    try:
+        while part := s.recv(65536):
+            data += part
+    except TimeoutError:
+        pass
+    return data, time.monotonic() - started
+
+
+def test_an_answer_that_is_not_kept_alive_closes_at_its_end(start_server):
+    """HTTP/1.0 (nginx's default to its backends) and `Connection: close` end with the answer, not
+    OMLX_IDLE_TIMEOUT later: a client reading to the close would wait the whole idle limit."""
+    server = start_server(OMLX_IDLE_TIMEOUT="60")
+    host = f"127.0.0.1:{server.port}"
+    stream = json.dumps({"model": DEMO, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
+                         "stream": True}).encode()
+    requests = {
+        "HTTP/1.0": f"GET /health HTTP/1.0\r\nHost: {host}\r\n\r\n".encode(),
+        "Connection: close": f"GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode(),
+        "an HTTP/1.0 stream": (f"POST /v1/chat/completions HTTP/1.0\r\nHost: {host}\r\nContent-Type: application/json"
+                               f"\r\nContent-Length: {len(stream)}\r\n\r\n").encode() + stream,
+    }
+    for name, request in requests.items():
+        with _connect(server) as s:
+            s.sendall(request)
+            data, took = _read_until_closed(s, 30)
+        print(f"{name}: closed {took:.2f}s after the request")
+        assert data.split(b"\r\n")[0].endswith(b"200 OK"), (name, data[:200])
+        assert took < 10, (name, took, data[-200:])
+    assert b"data: [DONE]" in data
