@@ -91,9 +91,7 @@ def loaded_model_in_path(request, kwargs) -> Want | None:
 
 def _ollama_model(body: dict[str, Any]) -> str | None:
     model = body.get("model") if body.get("model") is not None else body.get("name")
-    if not isinstance(model, str) or not model:
-        return None
-    return model.removesuffix(":latest") or model      # as ollama/names.resolve reads it
+    return model if isinstance(model, str) and model else None     # `:latest`: catalog/names.py resolves it
 
 
 def ollama_chat(request, kwargs) -> Want | None:

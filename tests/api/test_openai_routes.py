@@ -137,6 +137,22 @@ def test_unknown_model_404_lists_ids(server):
         server.openai().chat.completions.create(model="nope", messages=QUESTION)
 
 
+def test_ollamas_latest_names_resolve_in_every_dialect(server):
+    """Codex's Ollama mode lists /api/tags (`name:latest`) and sends that name to /v1/responses."""
+    name = f"{DEMO}:latest"
+    client = server.openai()
+    reply = client.chat.completions.create(model=name, messages=QUESTION, max_tokens=2)
+    assert reply.model == DEMO
+    assert client.completions.create(model="tiny:latest", prompt="Hello", max_tokens=2).model == "tiny"
+    assert client.models.retrieve(name).id == DEMO
+    response = client.responses.create(model=name, input="Hi", max_output_tokens=16)
+    assert response.status in ("completed", "incomplete")
+    message = server.anthropic().messages.create(model=name, max_tokens=2, messages=QUESTION)
+    assert message.content is not None
+    with pytest.raises(openai.NotFoundError):       # a tag that is no model's stays a 404
+        client.chat.completions.create(model=f"{DEMO}:7b", messages=QUESTION, max_tokens=2)
+
+
 def test_wrong_method_405(server):
     r = server.get("/v1/chat/completions")
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"

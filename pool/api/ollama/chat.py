@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
 from datetime import datetime, timezone
 
 from django.http import JsonResponse
@@ -26,7 +25,6 @@ from ..dialects import OLLAMA
 from ..fields import json_body
 from ..route import api_route
 from ..sse import event_stream
-from .names import resolve
 from .parse import parse_chat, parse_generate
 
 NDJSON = "application/x-ndjson"
@@ -123,8 +121,7 @@ async def chat(request):
     req = parse_chat(json_body(request))
     clock = Clock()
     router = get_runtime().router
-    spec = replace(req.spec, model=resolve(router, req.spec.model).model_id)   # `name:latest` too
-    completion = await router.generate(spec)
+    completion = await router.generate(req.spec)
     clock.opened = clock.first = time.monotonic()
     model = req.spec.model      # the name as the client wrote it, as Ollama echoes it
 
@@ -145,7 +142,7 @@ async def generate(request):
     router = get_runtime().router
     if req.empty:
         return JsonResponse(await _load_or_unload(router, req))
-    target = resolve(router, req.model)
+    target = router.resolve(req.model)
     fields = req.fields
     if req.suffix is not None:
         tokens = fim_tokens(target.model.path)
@@ -175,7 +172,7 @@ async def generate(request):
 async def _load_or_unload(router, req) -> dict:
     """Ollama's verbs: an empty generate loads the model; with keep_alive 0 it unloads it."""
     keep_alive = req.fields.get("keep_alive")
-    target = resolve(router, req.model)
+    target = router.resolve(req.model)
     if keep_alive == 0:
         if target.model.state == ModelState.LOADED:
             await router.unload(target.model_id)

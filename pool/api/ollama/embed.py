@@ -6,7 +6,6 @@ An input longer than the model's context is cut to it (Ollama's `truncate`, true
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 from django.http import JsonResponse
 
@@ -16,7 +15,6 @@ from ..auth import require_key
 from ..dialects import OLLAMA
 from ..fields import json_body
 from ..route import api_route
-from .names import resolve
 from .parse import parse_embed
 
 
@@ -37,5 +35,4 @@ async def embeddings(request):
 
 
 async def _embed(spec):
-    router = get_runtime().router
-    return await router.embed(replace(spec, model=resolve(router, spec.model).model_id))   # `name:latest` too
+    return await get_runtime().router.embed(spec)

@@ -23,7 +23,7 @@ from ..fields import json_body
 from ..key_limits import visible, visible_name
 from ..route import api_route
 from .cards import Card, card
-from .names import model_field, resolve, tagged
+from .names import model_field, tagged
 
 # The Ollama release whose API these routes answer like; clients gate features on it (tools, formats).
 VERSION = "0.12.0"
@@ -90,7 +90,7 @@ async def _fleet_models(request, path: str) -> list[dict]:
     if fleet is None or fleet.registry is None or fleet_hop(request):
         return []
     return [row for _, body in await gather_json(fleet, path) for row in body.get("models", [])
-            if isinstance(row, dict) and visible_name(request, str(row.get("model", "")).removesuffix(":latest"))]
+            if isinstance(row, dict) and visible_name(request, str(row.get("model", "")))]
 
 
 def expires_at(row: dict, now: float) -> str:
@@ -171,7 +171,7 @@ async def show(request):
     body = json_body(request)
     name = model_field(body)
     router = get_runtime().router
-    model = resolve(router, name).model
+    model = router.resolve(name).model
     facts = card(model.path)
     context_length = model_card(model.path, model.kind)["context_length"]
     params = _parameters(router, model.id, facts, context_length)
