@@ -1,14 +1,21 @@
 """This host as a member of the fleet: it publishes its record (its snapshot, its prompt-prefix keys,
 its requests, how to reach it) every third of OMLX_FLEET_TTL and soon after every pool change and
 every request that begins or ends, reads the others' for routing, loads the pinned models the fleet
-has nowhere else (pins.py), and takes the settings other hosts wrote to the shared database."""
+has nowhere else (pins.py), and takes the settings other hosts wrote to the shared database.
+
+Publishing never waits on the database: the settings are read on a loop of their own, so a database
+that is away (or restarting) leaves this host in the fleet on the settings it last read, and the read
+reopens its connection once the database is back."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from contextlib import suppress
 from typing import Any
+
+from asgiref.sync import sync_to_async
 
 from ..policy.vocabulary import RESIDENT_STATES, Change
 from .pins import pin_duties, pin_locations
@@ -34,12 +41,13 @@ class FleetMember:
         self.ledger = PrefixLedger()
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._settings_task: asyncio.Task | None = None
         self._records: list[dict[str, Any]] = []
         self._own: dict[str, Any] | None = None     # this host's record as of the last read
         self._read_at = 0.0
         self._settings_mark: Any = None
         self._pin_loads: set[str] = set()
-        self._failing = False
+        self._failing: set[str] = set()      # what is failing now: logged once, and once when it heals
         runtime.traces.watch(self._wake.set)    # a request's start or end reaches every host's console soon
 
     # ---- what this host publishes --------------------------------------------------------------
@@ -67,9 +75,9 @@ class FleetMember:
             if self.registry is not None:
                 try:
                     self._records = await self.registry.hosts()
-                    self._healthy()
+                    self._healthy("redis")
                 except Exception as e:  # noqa: BLE001 - without Redis, this host serves alone
-                    self._failed("cannot read the fleet from Redis", e)
+                    self._failed("redis", "cannot read the fleet from Redis", e)
             # routing reads no requests: a busy host would build every in-flight row per read
             self._own, self._read_at = self.record(requests=False), time.monotonic()
         others = [r for r in self._records if r.get("host") != self.host_id]
@@ -104,17 +112,21 @@ class FleetMember:
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.ensure_future(self._run())
+        if self.shared_database and self._settings_task is None:
+            self._settings_task = asyncio.ensure_future(self._follow_settings())
 
     async def stop(self) -> None:
         """Leave the fleet; bounded, since a stop must never wait on Redis."""
-        if self._task is not None:
-            self._task.cancel()
+        tasks = [t for t in (self._task, self._settings_task) if t is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
             try:
                 async with asyncio.timeout(STOP_SECONDS):
-                    await asyncio.gather(self._task, return_exceptions=True)
+                    await asyncio.gather(*tasks, return_exceptions=True)
             except TimeoutError:
                 log.warning("the fleet loop did not end within %g s of its cancel", STOP_SECONDS)
-            self._task = None
+            self._task = self._settings_task = None
         if self.registry is not None:
             try:
                 async with asyncio.timeout(STOP_SECONDS):
@@ -131,7 +143,7 @@ class FleetMember:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the next cycle tries again
-                self._failed("a fleet cycle failed", e)
+                self._failed("redis", "a fleet cycle failed", e)
             try:   # not asyncio.wait_for: on 3.11 a wake that comes with the cancel swallows the cancel
                 async with asyncio.timeout(self.interval):
                     await self._wake.wait()
@@ -141,12 +153,10 @@ class FleetMember:
             await asyncio.sleep(MIN_INTERVAL)
 
     async def cycle(self) -> None:
-        if self.shared_database:
-            await self._take_settings()
         if self.registry is None:
             return
         await self.registry.publish(self.host_id, self.record())
-        self._healthy()
+        self._healthy("redis")
         views = [host_view(r) for r in await self.records(fresh=True)]
         for model_id, host in pin_duties(self.pinned(), views).items():
             if host == self.host_id and model_id not in self._pin_loads:
@@ -163,23 +173,50 @@ class FleetMember:
             self._pin_loads.discard(model_id)
             self._wake.set()
 
-    async def _take_settings(self) -> None:
-        from django.db.models import Count, Max
+    async def _follow_settings(self) -> None:
+        while True:
+            try:
+                await self.take_settings()
+                self._healthy("database")
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the settings last read stay in force; the next read tries again
+                self._failed("database", "cannot read the shared settings", e)
+            await asyncio.sleep(self.interval)
 
-        from ..models import ModelSettings
-        from ..services import load_all_settings
+    async def take_settings(self) -> None:
+        """The shared settings, when any changed since the last read."""
+        mark, rows = await sync_to_async(_settings_since)(self._settings_mark)
+        for model_id, values in rows or ():
+            self.runtime.router.apply_model_settings(model_id, values)
+        self._settings_mark = mark
 
-        mark = await ModelSettings.objects.aaggregate(latest=Max("updated_at"), rows=Count("id"))
-        if mark != self._settings_mark:
-            await load_all_settings(self.runtime.router)
-            self._settings_mark = mark
-
-    def _failed(self, what: str, error: Exception) -> None:
-        if not self._failing:
+    def _failed(self, part: str, what: str, error: Exception) -> None:
+        if part not in self._failing:
             log.warning("%s: %s: %s", what, type(error).__name__, error)
-        self._failing = True
+        self._failing.add(part)
 
-    def _healthy(self) -> None:
-        if self._failing:
-            log.info("the fleet is reachable again")
-        self._failing = False
+    def _healthy(self, part: str) -> None:
+        if part in self._failing:
+            log.info("the fleet's %s is reachable again", part)
+        self._failing.discard(part)
+
+
+def _settings_since(mark: Any) -> tuple[Any, list[tuple[str, dict]] | None]:
+    """(the settings' mark, every row's values when the mark moved from `mark`, else None). On an error
+    this thread's connection is closed: one the server dropped (a restart) would otherwise stay closed."""
+    from django.db import connection
+    from django.db.models import Count, Max
+
+    from ..models import ModelSettings
+    from ..services import settings_dict
+
+    try:
+        now = ModelSettings.objects.aggregate(latest=Max("updated_at"), rows=Count("id"))
+        if now == mark:
+            return now, None
+        return now, [(row.model_id, settings_dict(row, row.model_id)) for row in ModelSettings.objects.all()]
+    except Exception:
+        with suppress(Exception):
+            connection.close()
+        raise
