@@ -38,16 +38,24 @@ def parse_size(text: str | int) -> int:
     return int(float(m[1]) * _UNITS[m[2].lower()])
 
 
+# Go's longest time.Duration (2**63 - 1 ns, about 292 years): Ollama's "forever", and the longest any
+# duration here is; a longer one overflows a date (/api/ps's expires_at) or a timer.
+LONGEST_DURATION = (2**63 - 1) / 1e9
+
+
 def parse_duration(text: str | int | float) -> float:
-    """'5m' -> 300, '90' -> 90, '1.5h' -> 5400, '-1' -> -1 (Ollama's keep_alive forms)."""
+    """'5m' -> 300, '90' -> 90, '1.5h' -> 5400, '-1' -> -1 (Ollama's keep_alive forms); at most
+    LONGEST_DURATION either way (2**63 and "1e400"-long digit strings included)."""
     if isinstance(text, bool):
         raise ValueError(f"not a duration: {text!r}")
     if isinstance(text, (int, float)):
-        return float(text)
+        if text != text:
+            raise ValueError(f"not a duration: {text!r}")
+        return float(max(-LONGEST_DURATION, min(LONGEST_DURATION, text)))    # an int past float's range too
     m = _DURATION.match(str(text))
     if not m:
         raise ValueError(f"not a duration: {text!r} (use seconds or a unit: ms s m h d)")
-    return float(m[1]) * _DURATION_UNITS[m[2]]
+    return max(-LONGEST_DURATION, min(LONGEST_DURATION, float(m[1]) * _DURATION_UNITS[m[2]]))
 
 
 def size_or_keyword(*keywords: str) -> Callable[[str], int | str]:

@@ -68,7 +68,8 @@ async def route(request, want: Want, *, hop: bool, stream_error: Callable[[Excep
             key = getattr(request, "omlx_key", None)
             response = await forward(request, records[placement.host]["url"], placement.host, origin=member.host_id,
                                      fleet_key=member.key, stream_error=stream_error,
-                                     key_name=key.name if key is not None else None)
+                                     key_name=key.name if key is not None else None,
+                                     deadline=member.runtime.settings.hop_read_timeout)
         except HostGone as e:
             log.warning("host %s did not answer (%s); routing again", placement.host, e)
             member.forget(placement.host)

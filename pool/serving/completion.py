@@ -13,6 +13,7 @@ Routes parse and frame; they never see an engine."""
 from __future__ import annotations
 
 import asyncio
+import json
 from contextlib import AsyncExitStack, aclosing
 from typing import Any, AsyncIterator
 
@@ -157,11 +158,13 @@ def context_length(entry: Entry, fallback: int) -> int:
 def _check_prompt_size(spec: CompletionSpec, context: int, chars_per_token: int) -> None:
     """Refuse, before tokenising, a prompt too long to fit the context (tokenising a 10 MB prompt
     took 24 s and left 641 MiB resident; lone surrogates never get here: pool/strict_json.py)."""
-    chars, limit = limits.prompt_chars(spec.messages, spec.prompt), limits.max_prompt_chars(context, chars_per_token)
+    tools = len(json.dumps(spec.tools, ensure_ascii=False)) if spec.tools else 0   # the template renders them
+    chars = limits.prompt_chars(spec.messages, spec.prompt) + tools
+    limit = limits.max_prompt_chars(context, chars_per_token)
     if chars > limit:
         raise ContextLengthExceeded(part=ContextLengthExceeded.CHARACTERS, context=context,
-                                    prompt_param=spec.prompt_param, characters=chars, max_characters=limit,
-                                    chars_per_token=chars_per_token)
+                                    prompt_param="tools" if tools > limit else spec.prompt_param, characters=chars,
+                                    max_characters=limit, chars_per_token=chars_per_token)
 
 
 def _fit_context(spec: CompletionSpec, prompt_tokens: int, context: int, defaults: dict) -> int:
