@@ -246,6 +246,11 @@ SETTINGS: list[Setting] = [
     Setting("OMLX_FLEET_TTL", "3", parse_duration,
             "seconds a host stays in the fleet after its last publish (it publishes every third of that)",
             group=TUNING),
+    Setting("OMLX_HOP_READ_TIMEOUT", "10", optional_duration,
+            "seconds a request forwarded to another host of the fleet may go without a byte (before its answer or "
+            "between chunks) before that host is asked at /health; one that does not answer within 2 s either is "
+            "frozen: the request is tried elsewhere, or a stream ends with its error event. `off` = wait forever",
+            group=TUNING),
     Setting("OMLX_MEMORY_PROBE", "real", choice("real", "fake"),
             "`fake` reads memory from $OMLX_HOME/fake_probe.json (tests only)", group=TESTING),
     Setting("OMLX_BLAS", "auto", choice("auto", "openblas", "mkl", "off"),
@@ -316,6 +321,7 @@ class Settings:
     advertise_url: str
     fleet_key: str
     fleet_ttl: float
+    hop_read_timeout: float | None
     memory_probe: str
     blas: str
     cpu_dequantize: str
