@@ -1,8 +1,9 @@
 """Django's 400/404/500 handlers and its CSRF failure view: the API's envelope (Anthropic's under
-/v1/messages, OpenAI's on the other API paths), Django's plain pages elsewhere."""
+/v1/messages, OpenAI's on the other API paths), Django's plain pages elsewhere; a 404 is the
+envelope on every path."""
 
 from django.core.exceptions import DisallowedHost
-from django.http import HttpResponseNotFound, HttpResponseServerError
+from django.http import HttpResponseServerError
 from django.views import csrf, defaults
 
 from ..errors import InvalidRequest
@@ -39,10 +40,9 @@ def csrf_failure(request, reason=""):
 
 
 def not_found(request, exception=None):
-    if is_api(request):
-        return error_response(RouteNotFound(f"No route for {request.method} {request.path}."),
-                              for_path(request.path))
-    return HttpResponseNotFound("<h1>Not found</h1>")
+    """Every path no route answers, the API's or not: the JSON envelope (clients probe paths such as
+    /v1/models under other prefixes); the dashboard's pages are routes, and stay HTML."""
+    return error_response(RouteNotFound(f"No route for {request.method} {request.path}."), for_path(request.path))
 
 
 def server_error(request):

@@ -9,7 +9,7 @@ import math
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 
-from ..conf import get_settings, parse_duration
+from ..conf import LONGEST_DURATION, get_settings, parse_duration
 from ..errors import InvalidRequest
 from ..policy import kv
 from ..policy.limits import stop_problem, too_many
@@ -75,7 +75,7 @@ def keep_alive(body) -> float | None:
     except ValueError:
         raise InvalidRequest("'keep_alive' must be seconds or a duration like \"5m\" (0 = unload after this "
                          "request, -1 = keep loaded)", param="keep_alive") from None
-    return -1.0 if seconds < 0 else seconds
+    return -1.0 if seconds < 0 or seconds >= LONGEST_DURATION else seconds     # the longest is forever
 
 
 def stop_strings(value, *, name: str, where: str, max_count: int | None, strings_only: bool = False) -> tuple[str, ...]:

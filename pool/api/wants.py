@@ -96,7 +96,10 @@ def _ollama_model(body: dict[str, Any]) -> str | None:
 
 def ollama_chat(request, kwargs) -> Want | None:
     body = _body(request)
-    return _chat(body, _ollama_model(body))
+    model = _ollama_model(body)
+    if model and not body.get("messages") and body.get("keep_alive") == 0:
+        return Want(model, resident=True)           # Ollama's unload verb: where the model is loaded
+    return _chat(body, model)
 
 
 def ollama_generate(request, kwargs) -> Want | None:

@@ -158,6 +158,7 @@ class EnginePool:
             entry.idle_since = self.clock()
             entry.keep_alive, entry.busy_keep_alive = entry.busy_keep_alive, None
             if entry.keep_alive == 0 and entry.state == State.LOADED and not entry.pinned:
+                self._mark_unloading(entry)     # now: a lease taken before the task runs would get an engine it stops
                 self._spawn(self.unload_entry(entry, reason=Reason.KEEP_ALIVE))
         self.events.changed(Change.REQUEST_END, entry.id)
         self._wake_loads()

@@ -148,6 +148,27 @@ def test_a_10mb_prompt_is_refused_before_tokenising_and_leaves_no_resident_memor
     assert server.chat(DEMO).status_code == 200
 
 
+def test_megabytes_of_tools_are_refused_by_their_size_before_tokenising(server):
+    """The chat template renders the tools into the prompt: 6 MB of them were tokenised first (seconds
+    and hundreds of MiB), then refused by their tokens."""
+    description = "a tool that does something useful " * 1400           # 128 of them: ~6 MB
+    functions = [{"type": "function", "function": {"name": f"f{i}", "description": description,
+                                                   "parameters": {"type": "object"}}} for i in range(128)]
+    started = time.monotonic()
+    with pytest.raises(openai.BadRequestError) as refused:
+        server.openai().chat.completions.create(model=DEMO, messages=HI, max_tokens=2, tools=functions)
+    error = refused.value.body
+    assert error["code"] == "context_length_exceeded" and error["param"] == "tools"
+    assert error["prompt_characters"] > 6_000_000 and "131072 characters" in error["message"]
+    with pytest.raises(anthropic.BadRequestError) as refused_too:
+        server.anthropic().messages.create(model=DEMO, max_tokens=2, messages=HI, tools=[
+            {"name": f"f{i}", "description": description, "input_schema": {"type": "object"}} for i in range(128)])
+    assert "characters > 131072 maximum" in refused_too.value.message
+    ollama = server.post("/api/chat", {"model": DEMO, "messages": HI, "stream": False, "tools": functions})
+    assert ollama.status_code == 400 and "131072 characters" in ollama.json()["error"]
+    assert time.monotonic() - started < 10
+
+
 # ---- documented limits -------------------------------------------------------------------------------
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}

@@ -37,7 +37,9 @@ def test_options(options, fields):
 @pytest.mark.parametrize("body, param", [
     ({"messages": USER}, "model"),
     ({"model": DEMO, "messages": "hi"}, "messages"),
-    ({"model": DEMO, "messages": []}, "messages"),
+    ({"model": DEMO, "messages": [{"role": {"a": 1}, "content": "Hi"}]}, "messages[0].role"),
+    ({"model": DEMO, "messages": USER, "logprobs": 1}, "logprobs"),
+    ({"model": DEMO, "messages": USER, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"model": DEMO, "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
     ({"model": DEMO, "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, "messages[0].images"),
     ({"model": DEMO, "messages": USER, "options": {"temperature": 3}}, "options.temperature"),
@@ -53,6 +55,21 @@ def test_bad_chat_bodies_name_the_field(body, param):
     with pytest.raises(InvalidRequest) as refused:
         parse_chat(body)
     assert refused.value.param == param
+
+
+@pytest.mark.parametrize("value, seconds", [
+    ("10m", 600.0), (30, 30.0), (0, 0.0), (-5, -1.0), ("-1m", -1.0),
+    (1e12, -1.0), (2**63, -1.0), (10**400, -1.0), ("9" * 400 + "h", -1.0),    # past Go's longest: forever
+])
+def test_keep_alive_is_bounded_so_the_longest_is_forever(value, seconds):
+    assert parse_chat({"model": DEMO, "messages": USER, "keep_alive": value}).spec.keep_alive == seconds
+
+
+def test_no_messages_is_the_load_verb_and_logprobs_are_parsed():
+    assert parse_chat({"model": DEMO}).spec.messages == [] == parse_chat({"model": DEMO, "messages": []}).spec.messages
+    assert parse_chat({"model": DEMO, "messages": USER, "logprobs": True, "top_logprobs": 3}).spec.logprobs == 3
+    assert parse_chat({"model": DEMO, "messages": USER, "logprobs": True}).spec.logprobs == 0
+    assert parse_chat({"model": DEMO, "messages": USER, "top_logprobs": 3}).spec.logprobs is None   # as Ollama's
 
 
 def test_stream_is_the_default_and_format_is_a_constraint():
@@ -172,6 +189,49 @@ def test_an_empty_generate_loads_and_keep_alive_0_unloads(client, server):
     assert loaded.done_reason == "load" and server.model(DEMO)["state"] == "loaded"
     unloaded = client.generate(model=DEMO, prompt="", keep_alive=0)
     assert unloaded.done_reason == "unload" and server.model(DEMO)["state"] == "unloaded"
+
+
+def test_a_chat_without_messages_loads_the_model_as_ollamas_does(client, server):
+    server.post(f"/api/models/{DEMO}/unload", {"force": True})
+    loaded = client.chat(model=f"{DEMO}:latest", messages=[])
+    assert (loaded.done, loaded.done_reason, loaded.model) == (True, "load", f"{DEMO}:latest")
+    assert loaded.message.role == "assistant" and loaded.message.content == ""
+    assert server.model(DEMO)["state"] == "loaded"
+    raw = server.post("/api/chat", {"model": DEMO, "keep_alive": 0})      # no messages at all: Ollama's unload
+    assert raw.status_code == 200 and raw.json()["done_reason"] == "unload"
+    assert server.model(DEMO)["state"] == "unloaded"
+    with pytest.raises(ollama.ResponseError) as unknown:
+        client.chat(model="nope", messages=[])
+    assert unknown.value.status_code == 404 and 'model "nope" not found' in unknown.value.error
+    with pytest.raises(ollama.ResponseError) as embedding:
+        client.chat(model=MINILM, messages=[])
+    assert embedding.value.status_code == 400
+
+
+def test_chat_and_generate_logprobs_in_ollamas_shape(client):
+    options = {"num_predict": 6, "temperature": 0}
+    whole = client.chat(model=DEMO, messages=USER, stream=False, options=options, logprobs=True, top_logprobs=3)
+    assert len(whole.logprobs) == whole.eval_count
+    assert "".join(entry.token for entry in whole.logprobs) == whole.message.content
+    for entry in whole.logprobs:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].logprob >= entry.logprob - 1e-5       # greedy: the likeliest was drawn
+    parts = list(client.chat(model=DEMO, messages=USER, stream=True, options=options, logprobs=True,
+                             top_logprobs=3))
+    streamed = [entry for part in parts for entry in part.logprobs or ()]
+    pairs = lambda entries: [(e.token, round(e.logprob, 4)) for e in entries]
+    assert pairs(streamed) == pairs(whole.logprobs)
+    bare = client.chat(model=DEMO, messages=USER, stream=False, options=options, logprobs=True)
+    assert len(bare.logprobs) == bare.eval_count and all(not e.top_logprobs for e in bare.logprobs)
+    assert client.chat(model=DEMO, messages=USER, stream=False, options=options).logprobs is None
+    generated = client.generate(model=DEMO, prompt="Say hi.", options=options, logprobs=True, top_logprobs=1)
+    assert len(generated.logprobs) == generated.eval_count and len(generated.logprobs[0].top_logprobs) == 1
+
+
+def test_embed_takes_as_many_inputs_as_v1_embeddings(server):
+    refused = server.post("/api/embed", {"model": MINILM, "input": ["x"] * 2049})
+    assert refused.status_code == 400 and "2048" in refused.json()["error"] and "input" in refused.json()["error"]
+    assert server.post("/v1/embeddings", {"model": MINILM, "input": ["x"] * 2049}).json()["error"]["param"] == "input"
 
 
 def test_num_ctx_caps_the_request_without_a_reload(client, server):

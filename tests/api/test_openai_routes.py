@@ -70,6 +70,8 @@ def test_seed_repeats(server):
     ({"model": DEMO}, "messages"),
     ({"model": DEMO, "messages": []}, "messages"),
     ({"model": DEMO, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"model": DEMO, "messages": [{"role": {"a": 1}, "content": "Hi"}]}, "messages[0].role"),     # was a 500
+    ({"model": DEMO, "messages": [{"role": ["user"], "content": "Hi"}]}, "messages[0].role"),
     ({"model": DEMO, "messages": QUESTION, "max_tokens": 0}, "max_tokens"),
     ({"model": DEMO, "messages": QUESTION, "max_tokens": "ten"}, "max_tokens"),
     ({"model": DEMO, "messages": QUESTION, "temperature": 9}, "temperature"),
@@ -88,6 +90,18 @@ def test_bad_fields_are_400_naming_the_field(server, body, param):
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param
     assert set(error) >= {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize("role", [{"a": 1}, ["user"], 1, None])
+def test_a_role_that_is_no_string_is_a_400_naming_it_in_every_dialect(server, role):
+    messages = [{"role": role, "content": "Hi"}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        server.openai().chat.completions.create(model=DEMO, messages=messages, max_tokens=2)
+    assert refused.value.body["param"] == "messages[0].role"
+    anthropic = server.post("/v1/messages", {"model": DEMO, "max_tokens": 2, "messages": messages})
+    assert anthropic.status_code == 400 and anthropic.json()["error"]["message"].startswith("messages.0.role")
+    ollama = server.post("/api/chat", {"model": DEMO, "stream": False, "messages": messages})
+    assert ollama.status_code == 400 and "messages[0].role" in ollama.json()["error"]
 
 
 def test_malformed_json(server):
@@ -162,6 +176,16 @@ def test_wrong_method_405(server):
 def test_unknown_api_path_is_enveloped(server):
     r = server.get("/v1/nothing-here")
     assert r.status_code == 404 and "error" in r.json()
+
+
+@pytest.mark.parametrize("path", ["/nothing-here", "/models", "/v2/chat/completions", "/static/nope.js", "/ws/x"])
+def test_every_unknown_path_is_a_json_404_and_the_dashboard_stays_a_page(server, path):
+    for method in ("GET", "POST"):
+        r = server.fetch(method, path, headers={"Accept": "text/html"}, timeout=10)
+        assert r.status_code == 404 and r.headers["content-type"] == "application/json", (method, path, r.text[:200])
+        assert r.json()["error"]["code"] == "not_found" and path in r.json()["error"]["message"]
+    page = server.fetch("GET", "/", headers={"Accept": "text/html"}, timeout=10)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
 
 
 def test_health_answers_while_generating(server):

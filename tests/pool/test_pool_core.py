@@ -131,6 +131,20 @@ async def test_ttl_and_keep_alive_unload_idle_models(models):
     assert [(a, r) for a, r, _ in core.events()] == [("unload", "keep_alive"), ("unload", "ttl")]
 
 
+async def test_a_request_leased_as_a_keep_alive_0_request_ends_is_served(models):
+    """The unload keep_alive 0 asks for is decided as its request ends: a request that leases the
+    model before the unload runs waits for it and loads the model again, instead of holding an
+    engine that is stopped under it ("the model was unloaded", a 503)."""
+    core = Core(models, specs={"c": Spec(tokens=5, token_seconds=0.002)})
+    async with await core.router.generate(CompletionSpec(model="c", prompt="x", keep_alive=0)) as first:
+        assert len([chunk async for chunk in first.chunks()]) == 5
+    async with await core.router.generate(CompletionSpec(model="c", prompt="x")) as second:   # no await between
+        chunks = [chunk async for chunk in second.chunks()]
+    assert len(chunks) == 5 and chunks[-1].finish_reason is not None
+    assert core.states()["c"] == "loaded"      # the second request's model: not stopped under it
+    assert [(a, r) for a, r, _ in core.events()] == [("unload", "keep_alive")] and core.engines.loads["c"] == 2
+
+
 async def test_a_failed_load_is_kept_until_models_are_rediscovered(models):
     core = Core(models, specs={"a": Spec(fail="truncated weights")})
     for _ in range(2):

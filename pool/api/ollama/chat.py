@@ -1,8 +1,8 @@
 """Ollama's POST /api/chat and POST /api/generate, through the router as the OpenAI routes: NDJSON
 lines while streaming (the default, as Ollama's), one object otherwise, the last carrying Ollama's
-counters (durations in nanoseconds). An empty /api/generate loads the model (or unloads it with
-`keep_alive: 0`), as Ollama's does; `suffix` is fill-in-the-middle where the model's tokenizer has
-the tokens for it."""
+counters (durations in nanoseconds), and `logprobs` when asked. An empty /api/generate or /api/chat
+(no prompt, no messages) loads the model (or unloads it with `keep_alive: 0`), as Ollama's does;
+`suffix` is fill-in-the-middle where the model's tokenizer has the tokens for it."""
 
 from __future__ import annotations
 
@@ -83,34 +83,58 @@ def _reason(final, answer: Answer) -> str:
     return "stop" if final is None or answer.calls or final.finish_reason != "length" else "length"
 
 
-async def _answer(completion, clock: Clock, frame, *, stream: bool):
-    """Yields the NDJSON lines (stream) or, at the end, the one whole object (not stream)."""
-    answer, texts, calls, final = Answer(completion), [], [], None
+LOWEST_LOGPROB = -9999.0   # a token a constraint rules out (-inf): JSON has no -Infinity
+
+
+def _logprob(value: float) -> float:
+    return max(value, LOWEST_LOGPROB)
+
+
+def logprobs_field(entries) -> dict:
+    """Ollama's `logprobs`: [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob",
+    "bytes"}]}], `top_logprobs` only when asked for (Go's omitempty)."""
+    out = []
+    for e in entries:
+        entry = {"token": e.token, "logprob": _logprob(e.logprob), "bytes": list(e.bytes)}
+        if e.top:
+            entry["top_logprobs"] = [{"token": t, "logprob": _logprob(lp), "bytes": list(b)} for t, lp, b in e.top]
+        out.append(entry)
+    return {"logprobs": out}
+
+
+async def _answer(completion, clock: Clock, frame, *, stream: bool, logprobs: bool):
+    """Yields the NDJSON lines (stream) or, at the end, the one whole object (not stream). Each line
+    carries the logprobs of the tokens since the line before it (text a tool parser holds back too)."""
+    answer, texts, calls, final, entries = Answer(completion), [], [], None, []
     async with completion:
         async for chunk in completion.chunks():
             if clock.first == clock.opened:
                 clock.first = time.monotonic()
             parts = answer.feed(chunk.text)
+            entries.extend(chunk.logprobs)
             if chunk.finish_reason is not None:
                 final = chunk
                 parts += answer.finish()
             for part in parts:
                 if stream:
-                    yield line({**frame(part), "done": False})
+                    yield line({**frame(part), **(logprobs_field(entries) if logprobs else {}), "done": False})
+                    entries = []
                 elif isinstance(part, str):
                     texts.append(part)
                 else:
                     calls.append(part)
     clock.end = time.monotonic()
     last = frame("") if stream else frame("".join(texts), calls)
+    if logprobs:
+        last.update(logprobs_field(entries))
     yield line({**last, "done": True, "done_reason": _reason(final, answer), **clock.counters(final)})
 
 
-async def _respond(completion, clock: Clock, frame, stream: bool):
+async def _respond(completion, clock: Clock, frame, stream: bool, logprobs: bool):
+    answer = _answer(completion, clock, frame, stream=stream, logprobs=logprobs)
     if stream:
-        return await event_stream(completion, _answer(completion, clock, frame, stream=True), OLLAMA,
-                                  content_type=NDJSON)
-    body = b"".join([piece async for piece in _answer(completion, clock, frame, stream=False)])
+        return await event_stream(completion, answer, OLLAMA, content_type=NDJSON)
+    body = b"".join([piece async for piece in answer])
     return JsonResponse(json.loads(body))
 
 
@@ -121,8 +145,6 @@ async def chat(request):
     req = parse_chat(json_body(request))
     clock = Clock()
     router = get_runtime().router
-    completion = await router.generate(req.spec)
-    clock.opened = clock.first = time.monotonic()
     model = req.spec.model      # the name as the client wrote it, as Ollama echoes it
 
     def frame(part, calls=()):
@@ -131,7 +153,12 @@ async def chat(request):
             message["tool_calls"] = list(calls) or [part]
         return {"model": model, "created_at": created_at(), "message": message}
 
-    return await _respond(completion, clock, frame, req.stream)
+    if not req.spec.messages:
+        reason = await _load_or_unload(router, model, req.spec.keep_alive)
+        return JsonResponse({**frame(""), "done": True, "done_reason": reason})
+    completion = await router.generate(req.spec)
+    clock.opened = clock.first = time.monotonic()
+    return await _respond(completion, clock, frame, req.stream, req.spec.logprobs is not None)
 
 
 # ---- /api/generate -------------------------------------------------------------------------------
@@ -141,7 +168,9 @@ async def generate(request):
     req = parse_generate(json_body(request))
     router = get_runtime().router
     if req.empty:
-        return JsonResponse(await _load_or_unload(router, req))
+        reason = await _load_or_unload(router, req.model, req.fields.get("keep_alive"))
+        return JsonResponse({"model": req.model, "created_at": created_at(), "response": "", "done": True,
+                             "done_reason": reason})
     target = router.resolve(req.model)
     fields = req.fields
     if req.suffix is not None:
@@ -166,20 +195,17 @@ async def generate(request):
     def frame(part, calls=()):
         return {"model": model, "created_at": created_at(), "response": part if isinstance(part, str) else ""}
 
-    return await _respond(completion, clock, frame, req.stream)
+    return await _respond(completion, clock, frame, req.stream, req.fields.get("logprobs") is not None)
 
 
-async def _load_or_unload(router, req) -> dict:
-    """Ollama's verbs: an empty generate loads the model; with keep_alive 0 it unloads it."""
-    keep_alive = req.fields.get("keep_alive")
-    target = router.resolve(req.model)
+async def _load_or_unload(router, name: str, keep_alive: float | None) -> str:
+    """Ollama's verbs, an empty generate or chat: load the model, or with keep_alive 0 unload it;
+    Ollama's done_reason."""
+    target = router.resolve(name)
     if keep_alive == 0:
         if target.model.state == ModelState.LOADED:
             await router.unload(target.model_id)
-        reason = "unload"
-    else:
-        async with router.lease(target.model_id, CHAT, keep_alive=keep_alive):
-            pass
-        reason = "load"
-    return {"model": req.model, "created_at": created_at(), "response": "", "done": True,
-            "done_reason": reason}
+        return "unload"
+    async with router.lease(target.model_id, CHAT, keep_alive=keep_alive):
+        pass
+    return "load"

@@ -17,12 +17,13 @@ from typing import Any
 from ...conf import get_settings
 from ...errors import InvalidRequest
 from ...serving.constraints import UnsupportedSchema, json_object, json_schema
-from ...serving.specs import CompletionSpec, EmbeddingSpec
+from ...serving.specs import MAX_INPUTS, CompletionSpec, EmbeddingSpec
 from ...tools.request import parse_tool_request
 from ..fields import check_count, keep_alive, stop_strings
 from .names import model_field
 
 ROLES = ("system", "user", "assistant", "tool")
+MAX_TOP_LOGPROBS = 20     # Ollama's limit, as OpenAI's
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,21 @@ def sampling(body: dict) -> dict[str, Any]:
         "stop": stop_strings(options.get("stop"), name="options.stop", where="options.stop", max_count=None),
         "keep_alive": keep_alive(body),
         "constraint": constraint(body.get("format")),
+        "logprobs": logprobs(body),
     }
     return fields
+
+
+def logprobs(body: dict) -> int | None:
+    """`logprobs` (true/false) and `top_logprobs` (0 to 20) -> the top tokens each token's logprob
+    carries, or None for none; `top_logprobs` alone asks for nothing, as Ollama's."""
+    wanted = body.get("logprobs", False)
+    if not isinstance(wanted, bool):
+        raise _bad("logprobs must be true or false", "logprobs")
+    top = body.get("top_logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS):
+        raise _bad(f"top_logprobs must be an integer between 0 and {MAX_TOP_LOGPROBS}", "top_logprobs")
+    return (top or 0) if wanted else None
 
 
 def constraint(value):
@@ -132,7 +146,10 @@ def parse_chat(body: dict) -> OllamaRequest:
 
 def chat_messages(messages, model: str) -> list[dict]:
     """Ollama's messages -> OpenAI-style chat messages (tool calls with JSON-string arguments, tool
-    results paired with the call they answer, by name, else in order)."""
+    results paired with the call they answer, by name, else in order). None or [] is Ollama's load
+    verb: no messages."""
+    if messages is None:
+        return []
     if not isinstance(messages, list):
         raise _bad("messages must be a list", "messages")
     check_count(messages, "messages", get_settings().max_messages)
@@ -140,8 +157,10 @@ def chat_messages(messages, model: str) -> list[dict]:
     pending: list[dict] = []          # the last assistant turn's calls not yet answered
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise _bad(f"{where} must be an object with a role ({', '.join(ROLES)})", f"{where}.role")
+        if not isinstance(m, dict):
+            raise _bad(f"{where} must be an object with a role ({', '.join(ROLES)})", where)
+        if not isinstance(m.get("role"), str) or m["role"] not in ROLES:
+            raise _bad(f"{where}.role must be one of {', '.join(ROLES)}", f"{where}.role")
         content = m.get("content", "")
         if not isinstance(content, str):
             raise _bad(f"{where}.content must be a string", f"{where}.content")
@@ -157,8 +176,6 @@ def chat_messages(messages, model: str) -> list[dict]:
                 pending.remove(call)
                 message["tool_call_id"] = call["id"]
         out.append(message)
-    if not out:
-        raise _bad("messages must not be empty", "messages")
     return out
 
 
@@ -232,6 +249,7 @@ def parse_embed(body: dict, *, legacy: bool) -> EmbeddingSpec:
     name = "prompt" if legacy else "input"
     if not isinstance(inputs, list) or not inputs or not all(isinstance(t, str) and t for t in inputs):
         raise _bad(f"{name} must be a non-empty string" + ("" if legacy else " or a list of them"), name)
+    check_count(inputs, name, MAX_INPUTS)
     if body.get("truncate") is not None and not isinstance(body["truncate"], bool):
         raise _bad("truncate must be true or false", "truncate")
     dimensions = body.get("dimensions")

@@ -62,7 +62,7 @@ def _messages(body) -> list[dict]:
         if not isinstance(m, dict):
             raise InvalidRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
         role = m.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise InvalidRequest(f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}",
                              param=f"messages[{i}].role")
         message = {"role": "system" if role == "developer" else role, "content": _content(m, i)}
