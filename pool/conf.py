@@ -93,6 +93,11 @@ def positive_int(text: str) -> int:
     return value
 
 
+def tokens_or_context(text: str) -> int | None:
+    """A count of tokens, or `context` (None: whatever room the model's context leaves)."""
+    return None if text.strip().lower() == "context" else positive_int(text)
+
+
 def flag(text: str) -> bool:
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -201,6 +206,9 @@ SETTINGS: list[Setting] = [
     Setting("OMLX_PROMPT_CHARS_PER_TOKEN", "16", positive_int,
             "a prompt of more characters than the model's context times this is refused (400 "
             "`context_length_exceeded`) before it is tokenised", group=TUNING),
+    Setting("OMLX_DEFAULT_MAX_TOKENS", "context", tokens_or_context,
+            "tokens a request may generate when its client names no limit (and its model's settings none): a "
+            "number, or `context` = the room the prompt leaves in the model's context (as Ollama's num_predict -1)"),
     Setting("OMLX_MAX_MESSAGES", "2048", positive_int,
             "messages one chat request may hold; more is a 400 naming `messages`"),
     Setting("OMLX_MAX_TOOLS", "128", positive_int, "tools one request may offer; more is a 400 naming `tools`"),
@@ -301,6 +309,7 @@ class Settings:
     prompt_chars_per_token: int
     max_messages: int
     max_tools: int
+    default_max_tokens: int | None        # None: the room the prompt leaves in the context
     max_stop_length: int
     switch_interval: float
     telemetry_days: float

@@ -284,6 +284,11 @@ class BackgroundStream:
         return len(data) >= 2 and f'"{code}"' in data[-2] and data[-1] == "data: [DONE]"
 
 
+# A random-weight fixture never says EOS: a request without max_tokens would generate to the end of
+# its context (OMLX_DEFAULT_MAX_TOKENS `context`, up to 262K tokens). Tests of that default set it back.
+TEST_SERVER_DEFAULTS = {"OMLX_DEFAULT_MAX_TOKENS": "512"}
+
+
 def serve(home: Path, migrated_db: Path, models: dict, **env) -> Server:
     """A real server on a free port, its own OMLX_HOME at `home` with a migrated database and
     `models` (name -> folder) linked in; `env` adds OMLX_* settings."""
@@ -294,6 +299,7 @@ def serve(home: Path, migrated_db: Path, models: dict, **env) -> Server:
     base = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_")}
     full_env = {**base, "OMLX_HOME": str(home), "OMLX_MODEL_DIRS": str(home / "models"),
                 "PYTHONUNBUFFERED": "1", "OMLX_SHUTDOWN_GRACE": "2",   # a stop never waits out 10 s
+                **TEST_SERVER_DEFAULTS,
                 **{k: str(v) for k, v in env.items()}}
     return Server(home, free_port(), full_env).start()
 

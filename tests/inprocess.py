@@ -23,7 +23,7 @@ import httpx
 import httpx2
 
 from tests.asgi_transport import Application, LoopThread, transport_class
-from tests.conftest import ServerCalls, free_port
+from tests.conftest import TEST_SERVER_DEFAULTS, ServerCalls, free_port
 
 ACTIVE: InProcessServer | None = None     # the server whose runtime and settings are the process's now
 SWITCH = threading.RLock()               # held while a server becomes active or stops being it
@@ -46,7 +46,7 @@ class InProcessServer(ServerCalls):
             (home / "models" / name).symlink_to(folder, target_is_directory=True)
         self.home, self.port = home, free_port()     # no socket: the port only names the server
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {"OMLX_HOME": str(home), "OMLX_MODEL_DIRS": str(home / "models"),
+        self.env = {"OMLX_HOME": str(home), "OMLX_MODEL_DIRS": str(home / "models"), **TEST_SERVER_DEFAULTS,
                     **{k: str(v) for k, v in env.items()}}
         self.log_path = home / "server.log"
         self.loop_thread: LoopThread | None = None

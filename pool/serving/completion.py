@@ -36,8 +36,6 @@ from .constraints import UnsupportedSchema, tool_calls
 from .door import Door, engine_errors
 from .specs import CompletionSpec
 
-DEFAULT_MAX_TOKENS = 512
-
 
 class Completion:
     """One admitted, leased, encoded request. Iterate `chunks()` once; always `aclose()`."""
@@ -111,7 +109,8 @@ async def open_completion(door: Door, model_id: str, spec: CompletionSpec) -> Co
         kv = _kv(spec, entry.model_settings, engine.model_info)
         _check_logit_bias(spec, engine.vocab_size)
         fmt, tokens, checkpoints = await _prompt(engine, spec, tool_request)
-        max_tokens = _fit_context(spec, len(tokens), context, entry.model_settings)
+        max_tokens = _fit_context(spec, len(tokens), context, entry.model_settings.get("max_tokens")
+                                  or door.pool.conf.default_max_tokens)
         if constraint is not None:
             await asyncio.to_thread(engine.prepare_constraints)
         # each choice holds its own copy of the prompt's KV
@@ -167,12 +166,11 @@ def _check_prompt_size(spec: CompletionSpec, context: int, chars_per_token: int)
                                     max_characters=limit, chars_per_token=chars_per_token)
 
 
-def _fit_context(spec: CompletionSpec, prompt_tokens: int, context: int, defaults: dict) -> int:
+def _fit_context(spec: CompletionSpec, prompt_tokens: int, context: int, default: int | None) -> int:
     """The max_tokens the engine gets: the client's if it fits beside the prompt, else refused; a
-    default lowered to what fits."""
-    default = defaults.get("max_tokens") or DEFAULT_MAX_TOKENS
-    fit = limits.fit_context(prompt_tokens=prompt_tokens, requested=spec.max_tokens, default=int(default),
-                             context=context)
+    default (None: the whole context) lowered to what fits."""
+    fit = limits.fit_context(prompt_tokens=prompt_tokens, requested=spec.max_tokens,
+                             default=context if default is None else int(default), context=context)
     if fit.refused is None:
         return fit.max_tokens
     part = ContextLengthExceeded.PROMPT if fit.refused == limits.PROMPT else ContextLengthExceeded.COMPLETION

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import httpx
 
-from tests.conftest import Server, free_port
+from tests.conftest import TEST_SERVER_DEFAULTS, Server, free_port
 
 FLEET_KEY = "the-fleet-key-of-the-tests"
 # the small chat models of the fleet tests, one random-weight folder each (name -> seed), built once
@@ -149,7 +149,7 @@ class Fleet:
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("OMLX_")}
         full_env = {**inherited, "OMLX_HOME": str(home), "OMLX_MODEL_DIRS": str(home / "models"),
                     "PYTHONUNBUFFERED": "1", "OMLX_SHUTDOWN_GRACE": "2", "OMLX_HOST_ID": host_id,
-                    **self.env, **{k: str(v) for k, v in env.items()}}
+                    **TEST_SERVER_DEFAULTS, **self.env, **{k: str(v) for k, v in env.items()}}
         server = Server(home, free_port(), full_env)
         self.hosts[host_id] = server
         return server
