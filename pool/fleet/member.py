@@ -35,7 +35,7 @@ class FleetMember:
         conf = runtime.settings
         self.runtime = runtime
         self.host_id, self.url, self.key = conf.host_id, conf.advertise_url, conf.fleet_key
-        self.registry = Registry(conf.redis_url, conf.fleet_ttl) if conf.redis_url else None
+        self.registry = Registry(conf.redis_url, conf.fleet_ttl, conf.fleet_key) if conf.redis_url else None
         self.shared_database = bool(conf.database_url)
         self.interval = max(0.1, conf.fleet_ttl / 3)
         self.ledger = PrefixLedger()

@@ -1,16 +1,23 @@
 """Who may use the fleet's hop: a client cannot pass for a host (`x-omlx-forwarded` without the fleet
 key, or with a wrong one, is a 403), a client's API key is checked where it enters the fleet even for a
-model another host serves, the hop itself needs no client key on the serving host, and `serve` will
-not start a fleet host without its key. Two real hosts with API keys of their own, a real Redis."""
+model another host serves, the hop itself needs no client key on the serving host, a host record in
+Redis that is not signed with the fleet key is never routed to, and `serve` will not start a fleet host
+without its key. Two real hosts with API keys of their own, a real Redis."""
 
+import json
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
+import redis as redis_client
 
+from pool.fleet.seal import seal
 from tests.conftest import ROOT, free_port
-from tests.fleet.hosts import FLEET_KEY, Fleet, error_of, requests_served, small_models, states
+from tests.fleet.hosts import FLEET_KEY, Fleet, error_of, hosts_seen, requests_served, small_models, states
 
 KEYS = {"a": "key-of-a", "b": "key-of-b"}
 HI = {"model": "only-b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -105,6 +112,75 @@ def test_a_browser_page_with_the_key_is_served_on_b(fleet):
     assert r.status_code == 200 and r.headers["x-omlx-host"] == "b", r.text
     r = a.fetch("POST", "/api/models/only-b/unload?host=b", json={}, headers=page, timeout=60)
     assert r.status_code == 200 and r.headers["x-omlx-host"] == "b", r.text
+
+
+# ---- a host record no host of the fleet wrote ----------------------------------------------------
+
+class Bait(threading.Thread):
+    """A listener that answers every connection with `{}` and keeps what each one sent."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.received: list[bytes] = []
+        self.start()
+
+    def run(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2)
+                try:
+                    self.received.append(conn.recv(65536))
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+                                 b"Connection: close\r\n\r\n{}")
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def forged_record(genuine: dict, host: str, url: str) -> dict:
+    """b's record as another "host" at `url` with a model named `bait`, loaded."""
+    snapshot = json.loads(json.dumps(genuine["snapshot"]))
+    for model in snapshot["models"]:
+        if model["id"] == "only-b":
+            model.update(id="bait", state="loaded")
+    return {**genuine, "host": host, "url": url, "sent_at": time.time(), "snapshot": snapshot}
+
+
+def test_a_host_record_not_signed_with_the_fleet_key_is_never_routed_to(fleet):
+    a = fleet["a"]
+    store = redis_client.Redis.from_url(fleet.env["OMLX_REDIS_URL"])
+    stored = json.loads(store.get("omlx:fleet:host:b"))
+    genuine = json.loads(stored["record"]) if "hmac" in stored else stored
+    bait = Bait()
+    forged = {"omlx:fleet:host:evil": json.dumps(forged_record(genuine, "evil", bait.url)),     # unsigned
+              "omlx:fleet:host:evil2": seal(json.dumps(forged_record(genuine, "evil2", bait.url)),
+                                            key=b"not-the-fleet-key", host_id="evil2")}
+    try:
+        for key, value in forged.items():
+            store.set(key, value, px=60_000)
+        for _ in range(3):                            # over several reads of the fleet
+            r = a.fetch("POST", "/v1/chat/completions", json={**HI, "model": "bait"}, headers=bearer(KEYS["a"]),
+                        timeout=30)
+            assert r.status_code == 404 and error_of(r)["code"] == "model_not_found", r.text
+            assert a.fetch("GET", "/api/tags", headers=bearer(KEYS["a"]), timeout=30).status_code == 200
+            assert hosts_seen(a) == {"a", "b"}
+            time.sleep(0.5)
+        assert bait.received == [], bait.received[0][:300]     # not a prompt, not the fleet key
+        log = a.log_text()
+        assert log.count("omlx:fleet:host:evil is ignored: unsigned") == 1, log[-3000:]
+        assert log.count("omlx:fleet:host:evil2 is ignored: badly signed") == 1, log[-3000:]
+    finally:
+        store.delete(*forged)
+        store.close()
+        bait.close()
 
 
 # ---- serve's own refusals ---------------------------------------------------------------------------
