@@ -221,6 +221,8 @@ SETTINGS: list[Setting] = [
             "days a stored /v1/responses answer is kept for `previous_response_id` and GET; 0 = none stored"),
     Setting("OMLX_RESPONSES_MAX", "10000", non_negative_int,
             "stored /v1/responses answers kept at most (the oldest go first); 0 = no cap"),
+    Setting("OMLX_RESPONSES_BYTES", "8MB", parse_size, "what one stored /v1/responses answer adds at most"),
+    Setting("OMLX_RESPONSES_CHAIN_BYTES", "32MB", parse_size, "a previous_response_id conversation's items at most"),
     Setting("OMLX_TRACES", "on", flag, "keep a trace of every model request (`off`: none, nor their histograms)"),
     Setting("OMLX_TRACE_ROWS", "100000", non_negative_int,
             "request traces kept at most (the oldest go first); 0 = no cap"),
@@ -315,6 +317,8 @@ class Settings:
     telemetry_days: float
     responses_days: float
     responses_max: int
+    responses_bytes: int
+    responses_chain_bytes: int
     traces: bool
     trace_rows: int
     trace_days: float

@@ -6,6 +6,7 @@ from .ollama import embed as ollama_embed
 from .ollama import info as ollama
 from .openai import chat, embeddings, models
 from .operator import pool_routes, request_routes, telemetry_routes
+from .responses import compact as responses_compact
 from .responses import routes as responses
 
 urlpatterns = [
@@ -19,6 +20,7 @@ urlpatterns = [
     path("v1/messages", messages.messages),
     path("v1/messages/count_tokens", messages.count_tokens),
     path("v1/responses", responses.create),
+    path("v1/responses/compact", responses_compact.compact),
     path("v1/responses/<str:response_id>", responses.retrieve),
     path("v1/responses/<str:response_id>/input_items", responses.input_items),
     # Ollama's native API (its chat, generate and embed routes come with their package)

@@ -6,7 +6,7 @@ in test_responses_routes.py."""
 import pytest
 
 from pool.api.responses.events import EventStream
-from pool.api.responses.items import drop_oldest, input_items, messages
+from pool.api.responses.items import cuts, input_items, messages
 from pool.api.responses.parse import parse_responses
 from pool.api.responses.shapes import Response, Text, output_items, status_of
 from pool.errors import InvalidRequest
@@ -81,10 +81,10 @@ def test_bad_input_names_the_item(given, param):
     assert caught.value.param == param
 
 
-def test_drop_oldest_keeps_calls_with_their_outputs():
+def test_cuts_keep_calls_with_their_outputs():
     items = input_items([{"role": "user", "content": "a"}, CALL, OUTPUT, {"role": "user", "content": "b"}])
-    assert [i["type"] for i in drop_oldest(items)] == ["message"]
-    assert drop_oldest(items[-1:]) is None
+    assert cuts(items) == [0, 3]
+    assert cuts(items[-1:]) == [0]
 
 
 # ---- fields -> the spec and the echo ------------------------------------------------------------
@@ -216,19 +216,22 @@ def test_output_items_join_text_and_keep_calls_apart():
     assert items[0]["content"][0]["text"] == "Let me look." and items[1]["call_id"] == "call_1"
 
 
-@pytest.mark.parametrize("reason, output, status", [
-    ("stop", [], ("completed", None)),
-    ("length", [], ("incomplete", {"reason": "max_output_tokens"})),
-    ("length", [{"type": "function_call"}], ("completed", None)),
+@pytest.mark.parametrize("reason, output, requested, status", [
+    ("stop", [], 10, ("completed", None)),
+    ("length", [], 10, ("incomplete", {"reason": "max_output_tokens"})),
+    ("length", [], None, ("incomplete", {"reason": "max_output_tokens", "limit": "server_default",
+                                         "max_output_tokens": 7})),
+    ("length", [{"type": "function_call"}], None, ("completed", None)),
 ])
-def test_status(reason, output, status):
-    assert status_of(reason, output) == status
+def test_status(reason, output, requested, status):
+    assert status_of(reason, output, requested=requested, output_tokens=7) == status
 
 
 def test_event_sequence_for_text_then_a_call():
     stream = EventStream(Response(model=M, echo={}))
     events = stream.start() + stream.feed(Text("He")) + stream.feed(Text("llo")) + stream.feed(CALLED)
     events += stream.finish(finish_reason="stop", usage={})
+    events.append(stream.final_event())
     assert [e["type"] for e in events] == [
         "response.created", "response.in_progress",
         "response.output_item.added", "response.content_part.added",

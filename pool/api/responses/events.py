@@ -9,14 +9,18 @@
     response.completed (response.incomplete when max_output_tokens ended it)
     on a failure: error, then response.failed.
 
-Pure: the route feeds it pieces of the answer and sends what it returns, as `event:`/`data:` SSE."""
+Pure: the route feeds it pieces of the answer and sends what it returns, as `event:`/`data:` SSE.
+`replay` is a stored response as the events its stream sent (GET /v1/responses/{id}?stream=true)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 from ...tools.calls import ToolCall
-from .shapes import Piece, Response, call_item, message_item, new_id, output_text, status_of
+from .shapes import Piece, Response, call_item, message_item, new_id, output_text, output_text_of, status_of
+
+FINAL = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed"}
 
 
 def sse(event: dict) -> bytes:
@@ -89,11 +93,17 @@ class EventStream:
         return [added, delta, done, self._event("response.output_item.done", output_index=self._index, item=item)]
 
     def finish(self, *, finish_reason: str | None, usage: dict) -> list[dict]:
+        """The open message's closing events; the response is then `final`, and its own event
+        `final_event()` (the route stores the response between the two)."""
         events = self._close()
-        status, details = status_of(finish_reason, self.output)
+        status, details = status_of(finish_reason, self.output, requested=self.response.echo.get("max_output_tokens"),
+                                    output_tokens=usage.get("output_tokens", 0))
         self.final = self.response.body(status=status, output=self.output, usage=usage, incomplete_details=details)
-        kind = "response.completed" if status == "completed" else "response.incomplete"
-        return [*events, self._event(kind, response=self.final)]
+        return events
+
+    def final_event(self) -> dict:
+        assert self.final is not None
+        return self._event(FINAL[self.final["status"]], response=self.final)
 
     def fail(self, *, code: str | None, message: str, param: str | None) -> list[dict]:
         """The error event, then response.failed with the error on the response."""
@@ -102,3 +112,34 @@ class EventStream:
         self.final = self.response.body(status="failed", output=self.output,
                                         error={"code": code, "message": message})
         return [error, self._event("response.failed", response=self.final)]
+
+
+def replay(body: dict) -> list[dict]:
+    """A stored response as the events of its stream: each text in one delta, a call's arguments whole;
+    one still streaming (`in_progress`) as far as its `response.in_progress`."""
+    numbers = itertools.count()
+
+    def event(kind: str, **fields) -> dict:
+        return {"type": kind, "sequence_number": next(numbers), **fields}
+
+    start = {**body, "status": "in_progress", "output": [], "usage": None, "completed_at": None,
+             "incomplete_details": None, "error": None}
+    events = [event("response.created", response=start), event("response.in_progress", response=start)]
+    if body["status"] not in FINAL:
+        return events
+    for index, item in enumerate(body["output"]):
+        added = event("response.output_item.added", output_index=index, item={**item, "status": "in_progress", **(
+            {"content": []} if item["type"] == "message" else {"arguments": ""})})
+        if item["type"] == "message":
+            text = output_text_of([item])
+            where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            events += [added, event("response.content_part.added", **where, part=output_text("")),
+                       event("response.output_text.delta", **where, delta=text, logprobs=[]),
+                       event("response.output_text.done", **where, text=text, logprobs=[]),
+                       event("response.content_part.done", **where, part=output_text(text))]
+        else:
+            where = {"item_id": item["id"], "output_index": index}
+            events += [added, event("response.function_call_arguments.delta", **where, delta=item["arguments"]),
+                       event("response.function_call_arguments.done", **where, arguments=item["arguments"])]
+        events.append(event("response.output_item.done", output_index=index, item=item))
+    return [*events, event(FINAL[body["status"]], response=body)]

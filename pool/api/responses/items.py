@@ -2,15 +2,19 @@
 
 `input` is a string (one user message) or a list of items: messages (`{"role", "content"}`, with
 `"type": "message"` or without; content a string or a list of `input_text` / `output_text` parts),
-`function_call` (`call_id`, `name`, `arguments`) and `function_call_output` (`call_id`, `output`).
-`reasoning` items are skipped (this server writes none); anything else (images, files,
-`item_reference`, hosted tools' items) is a 400 naming the item. The items are checked and kept
-as given (for the store); `messages()` turns a checked list into chat messages: a run of
-function_call items becomes one assistant message with `tool_calls`, joined to the assistant text
-just before it."""
+`function_call` (`call_id`, `name`, `arguments`), `function_call_output` (`call_id`, `output`) and
+`compaction` (made by /v1/responses/compact, compact.py). `reasoning` items are dropped (this server
+writes none and its models read none); anything else (images, files, `item_reference`, hosted
+tools' items) is a 400 naming the item. The checked items are kept in their normal form: only the
+fields the model reads, each content part's text, a call output's text (what the store keeps, so an
+unknown field or a reasoning item is never stored nor copied into later turns). `messages()` turns
+them into chat messages: a run of function_call items becomes one assistant message with
+`tool_calls`, joined to the assistant text just before it."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import uuid
 
@@ -18,14 +22,17 @@ from ...conf import get_settings
 from ...errors import InvalidRequest
 from ..fields import check_count
 
-ROLES = {"user", "assistant", "system", "developer"}
-TEXT_PARTS = {"input_text", "output_text", "text"}
-SKIPPED = {"reasoning"}
+ROLES = ("user", "assistant", "system", "developer")
+TEXT_PARTS = ("input_text", "output_text", "text")
+SKIPPED = ("reasoning",)
+CALLED = ("function_call_output", "function_call", "reasoning")   # what cannot begin a truncated conversation
+PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "compaction": "cmp"}
+COMPACTED = "omlx1:"        # the start of this server's compaction contents
 
 
 def input_items(value) -> list[dict]:
-    """`input` checked, as a list of items (a string is one user message), each message's content as
-    a list of parts and each item with an id, as OpenAI lists a response's input items."""
+    """`input` checked, as a list of items in their normal form (a string is one user message), each
+    with an id, as OpenAI lists a response's input items."""
     if isinstance(value, str):
         value = [{"type": "message", "role": "user", "content": value}]
     if not isinstance(value, list) or not value:
@@ -33,25 +40,35 @@ def input_items(value) -> list[dict]:
     check_count(value, "input", get_settings().max_messages)
     for i, item in enumerate(value):
         check_item(item, f"input[{i}]")
-    return [_normal(item) for item in value]
+    return [normal(item) for item in value if item.get("type", "message") not in SKIPPED]
 
 
-def _normal(item: dict) -> dict:
+def normal(item: dict) -> dict:
+    """A checked item with only what the model reads (and its id)."""
     kind = item.get("type", "message")
-    item = {**item, "type": kind}
-    if kind == "message" and isinstance(item["content"], str):
-        part = "output_text" if item["role"] == "assistant" else "input_text"
-        item["content"] = [{"type": part, "text": item["content"]}]
-    if not item.get("id"):
-        prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}.get(kind, "item")
-        item["id"] = f"{prefix}_{uuid.uuid4().hex}"
-    return item
+    given = item.get("id")
+    out: dict = {"id": given if isinstance(given, str) and given else f"{PREFIX[kind]}_{uuid.uuid4().hex}",
+                 "type": kind}
+    if kind == "message":
+        content = item["content"]
+        if isinstance(content, str):
+            content = [{"type": "output_text" if item["role"] == "assistant" else "input_text", "text": content}]
+        out.update(role=item["role"], content=[{"type": part["type"], "text": part["text"]} for part in content])
+    elif kind == "function_call":
+        out.update(call_id=item["call_id"], name=item["name"], arguments=item["arguments"])
+    elif kind == "function_call_output":
+        out.update(call_id=item["call_id"], output=_output_text(item.get("output"), "input"))
+    else:
+        out["encrypted_content"] = item["encrypted_content"]
+    return out
 
 
 def check_item(item, where: str) -> None:
     if not isinstance(item, dict):
         raise InvalidRequest(f"{where} must be an object", param=where)
     kind = item.get("type", "message")
+    if not isinstance(kind, str):
+        raise InvalidRequest(f"{where}.type must be a string", param=f"{where}.type")
     if kind == "message":
         _check_message(item, where)
     elif kind == "function_call":
@@ -62,14 +79,18 @@ def check_item(item, where: str) -> None:
         if not isinstance(item.get("call_id"), str):
             raise InvalidRequest(f"{where}.call_id must be a string", param=f"{where}.call_id")
         _output_text(item.get("output"), f"{where}.output")
+    elif kind == "compaction":
+        compacted_text(item.get("encrypted_content"), f"{where}.encrypted_content")
     elif kind not in SKIPPED:
         raise InvalidRequest(f"{where}.type {kind!r} is not supported: this server takes messages with text, "
-                             f"function_call and function_call_output items", param=f"{where}.type")
+                             f"function_call, function_call_output and compaction items", param=f"{where}.type")
+    if "id" in item and item["id"] is not None and not isinstance(item["id"], str):
+        raise InvalidRequest(f"{where}.id must be a string", param=f"{where}.id")
 
 
 def _check_message(item: dict, where: str) -> None:
     role = item.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         raise InvalidRequest(f"{where}.role must be one of {', '.join(sorted(ROLES))}", param=f"{where}.role")
     _text(item.get("content"), f"{where}.content")
 
@@ -81,10 +102,10 @@ def _text(content, where: str) -> str:
         raise InvalidRequest(f"{where} must be a string or a list of text parts", param=where)
     parts = []
     for j, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") not in TEXT_PARTS or not isinstance(part.get("text"), str):
-            kind = part.get("type") if isinstance(part, dict) else None
+        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(kind, str) or kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
             raise InvalidRequest(f"{where}[{j}]: only input_text and output_text parts are supported"
-                                 + (f" (got {kind!r})" if kind else ""), param=f"{where}[{j}]")
+                                 + (f" (got {kind!r})" if isinstance(kind, str) else ""), param=f"{where}[{j}]")
         parts.append(part["text"])
     return "".join(parts)
 
@@ -93,6 +114,24 @@ def _output_text(output, where: str) -> str:
     if isinstance(output, (dict, list)) and not (isinstance(output, list) and all(isinstance(p, dict) for p in output)):
         return json.dumps(output)
     return _text(output, where) if output is not None else ""
+
+
+def compaction_item(text: str) -> dict:
+    """What /v1/responses/compact leaves of the conversation's answers: a `compaction` item whose
+    `encrypted_content` (not encrypted: this server's own encoding) the model reads as an assistant
+    message when it comes back in `input`."""
+    encoded = base64.b64encode(text.encode()).decode()
+    return {"id": f"cmp_{uuid.uuid4().hex}", "type": "compaction", "encrypted_content": COMPACTED + encoded}
+
+
+def compacted_text(content, where: str) -> str:
+    if isinstance(content, str) and content.startswith(COMPACTED):
+        try:
+            return base64.b64decode(content[len(COMPACTED):], validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            pass
+    raise InvalidRequest(f"{where} must be the encrypted_content of a compaction made by this server's "
+                         f"/v1/responses/compact", param=where)
 
 
 def messages(items: list[dict]) -> list[dict]:
@@ -114,15 +153,30 @@ def messages(items: list[dict]) -> list[dict]:
         elif kind == "function_call_output":
             out.append({"role": "tool", "tool_call_id": item["call_id"],
                         "content": _output_text(item.get("output"), "input")})
+        elif kind == "compaction":
+            out.append({"role": "assistant", "content": compacted_text(item["encrypted_content"], "input")})
     return out
 
 
-def drop_oldest(items: list[dict]) -> list[dict] | None:
-    """`truncation: "auto"`: the conversation without its oldest turn (the first item, and any call
-    outputs or calls left without their partner); None when nothing more can go."""
-    if len(items) <= 1:
-        return None
-    rest = items[1:]
-    while len(rest) > 1 and rest[0].get("type") in ("function_call_output", "function_call", "reasoning"):
-        rest = rest[1:]
-    return rest
+def cuts(items: list[dict]) -> list[int]:
+    """`truncation: "auto"`: where the conversation may begin, longest first: each drops the oldest
+    turn (an item, and any calls or call outputs left without their partner), down to one item."""
+    starts, start = [0], 0
+    while len(items) - start > 1:
+        start += 1
+        while len(items) - start > 1 and items[start].get("type") in CALLED:
+            start += 1
+        starts.append(start)
+    return starts
+
+
+def size(value) -> int:
+    """About the bytes `value` takes as JSON: its strings' characters, and a few per value. Cheap (no
+    copy of a long string), for the store's caps."""
+    if isinstance(value, str):
+        return len(value) + 2
+    if isinstance(value, dict):
+        return sum(size(k) + size(v) + 2 for k, v in value.items()) + 2
+    if isinstance(value, list):
+        return sum(size(v) + 1 for v in value) + 2
+    return 8

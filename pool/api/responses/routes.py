@@ -12,7 +12,7 @@ import logging
 from contextlib import aclosing
 from dataclasses import replace
 
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 
 from ...errors import ContextLengthExceeded, PoolError
 from ...runtime import get_runtime
@@ -30,8 +30,8 @@ from ..openai import words as openai_words
 from ..route import api_route
 from ..sse import event_stream
 from . import store
-from .events import EventStream, sse
-from .items import drop_oldest
+from .events import EventStream, replay, sse
+from .items import cuts
 from .parse import ResponsesRequest, parse_responses
 from .shapes import Response, Text, output_items, status_of, usage
 
@@ -58,6 +58,9 @@ RESPONSES = Dialect("openai-responses", openai_words.envelope, _stream_error)
 async def create(request):
     req = replace(parse_responses(json_body(request)), owner=owner(request))
     earlier = await store.conversation(req.previous_response_id, req.owner) if req.previous_response_id else []
+    store.check_conversation(earlier, req.input)
+    if req.store:
+        store.check_input(req.input)
     conversation = [*earlier, *req.input]
     if not req.stream:
         completion, items = await opening(_open(req, conversation), req.model)
@@ -65,7 +68,7 @@ async def create(request):
         async with completion:
             body = await _collect(completion, _reader(completion), response)
         if req.store:
-            store.keep(body, items, body["output"], req.owner)
+            await store.keep(body, items, req.input, body["output"], req.owner)
         return JsonResponse(body)
     # a wait on a load past the keep-alive interval begins the stream with progress comments
     events = stream_after_load(_Opened.of(_open(req, conversation)), lambda o: _stream_opened(o, req), name=req.model,
@@ -94,20 +97,51 @@ def _stream_opened(opened: _Opened, req: ResponsesRequest):
 
 
 async def _open(req: ResponsesRequest, items: list[dict]):
-    """The completion, and the items it was given: with `truncation: "auto"` the oldest items go, one
-    turn at a time, until the conversation fits the model's context."""
-    while True:
-        spec = req.spec(items)
-        assert spec.messages is not None
-        if any("tool_calls" in m or m["role"] == "tool" for m in spec.messages):
-            prepare_messages(spec.messages, None, FALLBACK)   # tool history it cannot render: a 400 first
+    """The completion, and the items it was given. With `truncation: "auto"` a conversation too long
+    for the context loses its oldest turns: the longest tail that fits (a turn's boundary, `cuts`),
+    found by bisection, so a few prompts are tokenised instead of one per dropped turn (fewer items
+    never make a longer prompt). Each tried prompt that fits is let go before the next is tried: a
+    model with one slot would otherwise wait on itself."""
+    try:
+        return await _try(req, items), items
+    except ContextLengthExceeded as e:
+        if req.truncation != "auto":
+            raise _named(e) from None
+        error = e
+    starts, best = cuts(items)[1:], None
+    low, high = 0, len(starts) - 1
+    while low <= high:
+        middle = (low + high) // 2
         try:
-            return await get_runtime().router.generate(spec), items
-        except ContextLengthExceeded:
-            shorter = drop_oldest(items) if req.truncation == "auto" else None
-            if shorter is None:
-                raise
-            items = shorter
+            completion = await _try(req, items[starts[middle]:])
+        except ContextLengthExceeded as e:
+            error, low = e, middle + 1
+            continue
+        best, high = middle, middle - 1
+        if low > high:
+            return completion, items[starts[middle]:]
+        await completion.aclose()
+    if best is None:
+        raise _named(error) from None
+    return await _try(req, items[starts[best]:]), items[starts[best]:]
+
+
+async def _try(req: ResponsesRequest, items: list[dict]):
+    spec = req.spec(items)
+    assert spec.messages is not None
+    if any("tool_calls" in m or m["role"] == "tool" for m in spec.messages):
+        prepare_messages(spec.messages, None, FALLBACK)   # tool history it cannot render: a 400 first
+    return await get_runtime().router.generate(spec)
+
+
+def _named(e: ContextLengthExceeded) -> ContextLengthExceeded:
+    """The door's context error as the Responses API names its fields: `input`, `max_output_tokens`."""
+    named = ContextLengthExceeded(part=e.part, context=e.context, prompt_param="input", prompt_tokens=e.prompt_tokens,
+                                  max_tokens=e.max_tokens, characters=e.characters, max_characters=e.max_characters,
+                                  chars_per_token=e.chars_per_token)
+    if e.part == ContextLengthExceeded.COMPLETION:
+        named.param = "max_output_tokens"
+    return named
 
 
 class _Reader:
@@ -139,7 +173,8 @@ async def _collect(completion, reader: _Reader, response: Response) -> dict:
     pieces.extend(reader.finish())
     assert last is not None
     output = output_items(pieces, response.namespaces)
-    status, details = status_of(last.finish_reason, output)
+    status, details = status_of(last.finish_reason, output, requested=response.echo.get("max_output_tokens"),
+                                output_tokens=last.completion_tokens)
     return response.body(status=status, output=output, incomplete_details=details,
                          usage=usage(last.prompt_tokens, last.cached_tokens, last.completion_tokens))
 
@@ -168,8 +203,12 @@ async def _events(completion, reader: _Reader, events: EventStream, req: Respons
                 out += [e for piece in reader.finish() for e in events.feed(piece)]
                 out += events.finish(finish_reason=chunk.finish_reason, usage=usage(
                     chunk.prompt_tokens, chunk.cached_tokens, chunk.completion_tokens))
-                if req.store and events.final is not None:
-                    store.keep(events.final, items, events.final["output"], req.owner)   # before the client reads it
+                assert events.final is not None
+                if req.store:       # stored before its final event: a failure is the error event instead
+                    yield b"".join(sse(e) for e in out)
+                    out = []
+                    await store.keep(events.final, items, req.input, events.final["output"], req.owner)
+                out.append(events.final_event())
             if out:
                 yield b"".join(sse(e) for e in out)
     except Exception as e:  # the stream has begun: error and response.failed events
@@ -185,10 +224,18 @@ async def _events(completion, reader: _Reader, events: EventStream, req: Respons
 
 @api_route("GET", "DELETE", auth=require_key)
 async def retrieve(request, response_id: str):
+    """The stored response; with ?stream=true its stream's events again (`starting_after` a sequence
+    number), as the SDK's `retrieve(id, stream=True)` reads them."""
     if request.method == "DELETE":
         await store.delete(response_id, owner(request))
         return JsonResponse({"id": response_id, "object": "response", "deleted": True})
-    return JsonResponse(await store.get(response_id, owner(request)))
+    body = await store.get(response_id, owner(request))
+    if request.GET.get("stream", "false").lower() not in ("true", "1"):
+        return JsonResponse(body)
+    after = request.GET.get("starting_after")
+    after = -1 if after is None else integer({"starting_after": _int(after)}, "starting_after", minimum=0)
+    return HttpResponse(b"".join(sse(e) for e in replay(body) if e["sequence_number"] > after),
+                        content_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 @api_route("GET", auth=require_key)

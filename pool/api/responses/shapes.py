@@ -61,12 +61,16 @@ def usage(input_tokens: int, cached_tokens: int, output_tokens: int) -> dict:
             "total_tokens": input_tokens + output_tokens}
 
 
-def status_of(finish_reason: str | None, output: list[dict]) -> tuple[str, dict | None]:
+def status_of(finish_reason: str | None, output: list[dict], *, requested: int | None = None,
+              output_tokens: int = 0) -> tuple[str, dict | None]:
     """(status, incomplete_details) for how generation ended: an answer that holds a call is complete
-    (as the chat route's finish_reason "tool_calls")."""
-    if finish_reason == "length" and not any(item["type"] == "function_call" for item in output):
+    (as the chat route's finish_reason "tool_calls"). Without the client's `max_output_tokens` the
+    server's own limit ended it: the details say so, and what it was (the tokens it allowed)."""
+    if finish_reason != "length" or any(item["type"] == "function_call" for item in output):
+        return "completed", None
+    if requested is not None:
         return "incomplete", {"reason": "max_output_tokens"}
-    return "completed", None
+    return "incomplete", {"reason": "max_output_tokens", "limit": "server_default", "max_output_tokens": output_tokens}
 
 
 def output_text_of(output: list[dict]) -> str:
