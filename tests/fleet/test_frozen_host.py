@@ -19,8 +19,8 @@ from tests.conftest import BackgroundStream
 from tests.fleet.hosts import Fleet, error_of, small_models, sse_data, wait_until
 
 DEADLINE = 3.0
-LOAD_MARGIN = 4.0           # the retry loads the model on the other host
-STREAM_MARGIN = 1.5
+LOAD_MARGIN = 6.0           # the retry loads the model on the other host (a busy 2-core machine)
+STREAM_MARGIN = 2.5
 CLIENT_TIMEOUT = 30         # what the code before the read deadline ran into: a hang
 
 
