@@ -30,7 +30,7 @@ def events_of(text: str) -> list[dict]:
 
 
 def locked(server) -> sqlite3.Connection:
-    lock = sqlite3.connect(server.home / "omlx.sqlite3", timeout=0, isolation_level=None)
+    lock = sqlite3.connect(server.home / "omlx.sqlite3", timeout=10, isolation_level=None)   # past a write of its own
     lock.execute("BEGIN EXCLUSIVE")
     return lock
 

@@ -205,7 +205,8 @@ async def _events(completion, reader: _Reader, events: EventStream, req: Respons
                     chunk.prompt_tokens, chunk.cached_tokens, chunk.completion_tokens))
                 assert events.final is not None
                 if req.store:       # stored before its final event: a failure is the error event instead
-                    yield b"".join(sse(e) for e in out)
+                    if out:
+                        yield b"".join(sse(e) for e in out)
                     out = []
                     await store.keep(events.final, items, req.input, events.final["output"], req.owner)
                 out.append(events.final_event())
