@@ -182,6 +182,9 @@ SETTINGS: list[Setting] = [
             "requests that generate on one model at once; more wait in its queue; 0 = no limit"),
     Setting("OMLX_QUEUE_PER_MODEL", "64", non_negative_int,
             "requests that may wait for one model's slot (first come first served); beyond that a 503"),
+    Setting("OMLX_KEY_SHARE", "0.5", fraction,
+            "the fraction of one model's slots and queue places one API key may hold while other keys wait; 1 = "
+            "no share"),
     Setting("OMLX_PREFILL_STEP", "512", positive_int,
             "prompt tokens read per step; running streams decode a token between two steps (memory pressure lowers "
             "it)", group=TUNING),
@@ -301,6 +304,7 @@ class Settings:
     admission_queue: int
     max_concurrent: int
     queue_per_model: int
+    key_share: float
     prefill_step: int
     prefill_step_alone: int
     warmup: str
@@ -309,9 +313,9 @@ class Settings:
     sse_keepalive: float | None
     context_fallback: int
     prompt_chars_per_token: int
+    default_max_tokens: int | None        # None: the room the prompt leaves in the context
     max_messages: int
     max_tools: int
-    default_max_tokens: int | None        # None: the room the prompt leaves in the context
     max_stop_length: int
     switch_interval: float
     telemetry_days: float

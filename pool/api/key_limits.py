@@ -9,6 +9,7 @@ from ..errors import ModelNotFound
 from ..fleet.proxy import FORWARDED
 from ..keys.records import KeyRecord
 from ..runtime import get_runtime
+from ..serving.slots import REQUEST_KEY
 from ..serving.specs import REQUEST_CACHE_SCOPE
 from .errors import ModelNotAllowed
 
@@ -64,9 +65,10 @@ def _named(router, name: str) -> str:
 
 def enter(request) -> None:
     """Give the request's prompt cache scope to the specs its view makes (serving/specs.scoped): the
-    key's own, or None (a sharing key, an open server)."""
+    key's own, or None (a sharing key, an open server); and its key's name to the model slots."""
     key = key_of(request)
     REQUEST_CACHE_SCOPE.set(key.cache_scope if key is not None else None)
+    REQUEST_KEY.set(key.name if key is not None else None)
 
 
 def count(request, status: int) -> None:

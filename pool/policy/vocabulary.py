@@ -81,6 +81,7 @@ class SlotDecision(StrEnum):
     RUN = "run"
     QUEUE = "queue"
     REFUSE = "refuse"
+    OVER_SHARE = "over_share"   # refused: the request's key holds its share of the queue (OMLX_KEY_SHARE)
 
 
 class Change(StrEnum):

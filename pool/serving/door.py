@@ -22,7 +22,7 @@ from ..host.entries import Entry
 from ..host.gate import RequestGate
 from ..policy.vocabulary import Change, ModelState, Phase, Rejection
 from ..traces.trace import current as current_trace
-from .slots import ModelSlots
+from .slots import REQUEST_KEY, ModelSlots
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class Door:
         self.pool = pool
         self.gate = gate
         self.slots = ModelSlots(limit=pool.conf.max_concurrent, queue_limit=pool.conf.queue_per_model,
+                                share=pool.conf.key_share,
                                 on_change=lambda model_id: pool.events.changed(Change.QUEUE, model_id))
 
     def entry(self, model_id: str, kind: Kind) -> Entry:
@@ -66,14 +67,14 @@ class Door:
         """Hold the model for one request (see the module's docstring). `check` runs on the entry
         before any wait (a prompt too long for the model, say); `slot=False` takes no concurrency
         slot (counting tokens generates nothing). The request's trace, if any, notes its waits."""
-        trace = current_trace.get()
+        trace, key = current_trace.get(), REQUEST_KEY.get()
         if trace is not None:
             trace.model, trace.host, trace.task = model_id, self.pool.conf.host_id, asyncio.current_task()
         entry = self.entry(model_id, kind)
         if check is not None:
             check(entry)
         if slot:
-            self._refuse_if_queue_full(entry.id)
+            self._refuse_if_queue_full(entry.id, key)
         waited = time.perf_counter()
         await self.gate.admit()
         if trace is not None:
@@ -93,7 +94,7 @@ class Door:
             # the enforcer or another model's load to evict, and for the waiter to reload (evictions
             # in a loop). Unwinding hands the slot on before this request's lease ends.
             if slot:
-                await self._take_slot(entry.id)
+                await self._take_slot(entry.id, key)
             if trace is not None and slot:
                 trace.slot_s = time.perf_counter() - waited
             try:
@@ -104,18 +105,18 @@ class Door:
                     yield Lease(entry, engine)
             finally:
                 if slot:
-                    self.slots.release(entry.id)
+                    self.slots.release(entry.id, key)
 
-    def _refuse_if_queue_full(self, model_id: str) -> None:
+    def _refuse_if_queue_full(self, model_id: str, key: str | None) -> None:
         try:
-            self.slots.check(model_id)
+            self.slots.check(model_id, key)
         except ModelQueueFull:
             self.gate.on_reject(Rejection.MODEL_QUEUE_FULL)
             raise
 
-    async def _take_slot(self, model_id: str) -> None:
+    async def _take_slot(self, model_id: str, key: str | None) -> None:
         try:
-            await self.slots.acquire(model_id)
+            await self.slots.acquire(model_id, key)
         except ModelQueueFull:                  # filled up while this request was loading the model
             self.gate.on_reject(Rejection.MODEL_QUEUE_FULL)
             raise

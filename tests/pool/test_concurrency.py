@@ -1,5 +1,6 @@
 """Per-model concurrency through the serving door, over fake engines: the limit, the FIFO queue,
-the 503 when it is full, and slots that always come back (cancel, error, close)."""
+the 503 when it is full, slots that always come back (cancel, error, close), and each API key's
+share of a model's slots and queue."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 
 from pool.errors import Busy, InvalidRequest, ModelQueueFull
 from pool.observe.metrics import Metrics
+from pool.policy.concurrency import next_waiter, slot_decision
+from pool.policy.vocabulary import SlotDecision
 from pool.serving.completion import CompletionSpec
 from pool.serving.slots import ModelSlots
 from tests.fakes import Core, Spec, model_folders
@@ -223,3 +226,72 @@ async def test_queue_changes_reach_the_listeners(models):
     await running.aclose()
     await close_when_open(queued)
     assert seen.count(("queue", "a")) == 4     # took, queued, handed over, gave back
+
+
+# ---- a key's share (OMLX_KEY_SHARE) ------------------------------------------------------------------
+
+@pytest.mark.parametrize("running, queued, key_queued, keyed, share, expected", [
+    (3, 0, 0, True, 0.5, SlotDecision.RUN),          # a free slot and nobody waiting: any key runs
+    (4, 0, 0, True, 0.5, SlotDecision.QUEUE),
+    (4, 3, 3, True, 0.5, SlotDecision.QUEUE),        # 3 of 8 places: under half
+    (4, 4, 4, True, 0.5, SlotDecision.OVER_SHARE),   # half the queue is this key's
+    (4, 4, 0, True, 0.5, SlotDecision.QUEUE),        # ... another key still gets in
+    (4, 4, 4, False, 0.5, SlotDecision.QUEUE),       # no keys: one party, the whole queue
+    (4, 7, 7, True, 1.0, SlotDecision.QUEUE),        # share 1: no share
+    (4, 8, 0, True, 0.5, SlotDecision.REFUSE),       # the queue is full for everyone
+    (4, 1, 1, True, 0.01, SlotDecision.OVER_SHARE),  # a tiny share is still one place
+])
+def test_slot_decision_with_a_share(running, queued, key_queued, keyed, share, expected):
+    assert slot_decision(running=running, queued=queued, limit=4, queue_limit=8, key_queued=key_queued,
+                         share=share, keyed=keyed) == expected
+
+
+@pytest.mark.parametrize("waiting, running, share, expected", [
+    (["a", "b"], {"a": 4}, 0.5, 1),              # a runs every slot: b's request goes first
+    (["a", "b"], {"a": 2, "b": 2}, 0.5, 0),      # both at their share: first come first served
+    (["a", "b"], {"a": 1, "b": 3}, 0.5, 0),
+    (["b", "a"], {"a": 1, "b": 3}, 0.5, 1),      # b over its share, a under it
+    (["a", "a"], {"a": 4}, 0.5, 0),              # only a waits: it keeps every slot
+    ([None, None], {None: 4}, 0.5, 0),
+    (["a", "b"], {"a": 4}, 1.0, 0),              # share 1: first come first served
+])
+def test_a_freed_slot_goes_to_the_first_key_under_its_share(waiting, running, share, expected):
+    assert next_waiter(waiting, running, limit=4, share=share) == expected
+
+
+async def test_a_key_that_took_every_slot_gives_them_up_as_another_key_waits():
+    slots = ModelSlots(limit=2, queue_limit=4, share=0.5)
+    for _ in range(2):
+        await slots.acquire("m", "flood")
+    flood_waiters = [asyncio.ensure_future(slots.acquire("m", "flood")) for _ in range(2)]
+    await settle()
+    with pytest.raises(ModelQueueFull) as refused:            # two of four places: its share
+        await slots.acquire("m", "flood")
+    assert "its share of the queue (OMLX_KEY_SHARE)" in str(refused.value)
+    other = asyncio.ensure_future(slots.acquire("m", "other"))   # queued last, yet served first
+    await settle()
+    assert slots.counts("m") == (2, 3)
+    slots.release("m", "flood")
+    await asyncio.wait_for(other, 1)
+    assert not any(w.done() for w in flood_waiters)
+    slots.release("m", "other")                                # nobody else waits: flood's turn
+    await asyncio.wait_for(flood_waiters[0], 1)
+    slots.release("m", "flood")
+    await asyncio.wait_for(flood_waiters[1], 1)
+    for _ in range(2):
+        slots.release("m", "flood")
+    assert slots.counts("m") == (0, 0)
+
+
+async def test_without_keys_the_queue_is_first_come_first_served():
+    slots = ModelSlots(limit=1, queue_limit=4, share=0.5)
+    await slots.acquire("m")
+    waiters = [asyncio.ensure_future(slots.acquire("m")) for _ in range(4)]   # all four places
+    await settle()
+    assert slots.counts("m") == (1, 4)
+    for waiter in waiters:
+        slots.release("m")
+        await asyncio.wait_for(waiter, 1)
+        assert all(not w.done() for w in waiters[waiters.index(waiter) + 1:])
+    slots.release("m")
+    assert slots.counts("m") == (0, 0)
