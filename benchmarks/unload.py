@@ -220,7 +220,7 @@ def main() -> None:
     p.add_argument("--no-wait", action="store_true")
     p.add_argument("--deadline", type=float, default=240)
     args = p.parse_args()
-    from pool.conf import parse_size
+    from pool.setting_parsers import parse_size
     if args.what == "unload":
         args.budget = parse_size(args.budget)
     asyncio.run(run_unload(args) if args.what == "unload" else run_first(args))

@@ -9,10 +9,11 @@ import math
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 
-from ..conf import LONGEST_DURATION, get_settings, parse_duration
+from ..conf import get_settings
 from ..errors import InvalidRequest
 from ..policy import kv
 from ..policy.limits import stop_problem, too_many
+from ..setting_parsers import LONGEST_DURATION, parse_duration
 from ..strict_json import loads_strict
 
 

@@ -8,7 +8,7 @@ GIB = 2**30
 
 
 def format_bytes(n: int) -> str:
-    """Decimal units, like conf.parse_size's: 1.2 GB, 115.2 MB, 999 B."""
+    """Decimal units, like setting_parsers.parse_size's: 1.2 GB, 115.2 MB, 999 B."""
     for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
         if abs(n) >= scale:
             return f"{n / scale:.1f} {unit}"
