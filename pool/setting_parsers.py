@@ -17,7 +17,6 @@ _DURATION = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*$")
 _DURATION_UNITS = {None: 1, "ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-
 def parse_size(text: str | int) -> int:
     """'6GB' -> 6_000_000_000, '512MiB' -> 536_870_912, '1024' -> 1024 (SI and binary units)."""
     if isinstance(text, int):
