@@ -128,6 +128,16 @@ SETTINGS: list[Setting] = [
     Setting("OMLX_MAX_TOOLS", "128", positive_int, "tools one request may offer; more is a 400 naming `tools`"),
     Setting("OMLX_MAX_STOP_LENGTH", "256", positive_int,
             "characters in one stop string (`stop`, `stop_sequences`); longer is a 400 naming the field"),
+    Setting("OMLX_MAX_IMAGES", "16", non_negative_int,
+            "images one request may carry (every dialect); more is a 400 naming the image; 0 = images refused"),
+    Setting("OMLX_MAX_IMAGE_BYTES", "20MB", parse_size, "one image's encoded bytes at most, checked before decoding"),
+    Setting("OMLX_MAX_REQUEST_IMAGE_BYTES", "50MB", parse_size, "a request's images' encoded bytes at most, together"),
+    Setting("OMLX_MAX_IMAGE_PIXELS", "50M", parse_size,
+            "one image's width x height at most, checked from its header before its pixels are decoded"),
+    Setting("OMLX_IMAGE_FETCH", "off", flag,
+            "on = http(s) image URLs are fetched (public addresses only, every redirect checked, capped by the "
+            "byte limits); off = they are a 400 and images come inline (data: URLs, base64)"),
+    Setting("OMLX_IMAGE_FETCH_TIMEOUT", "10", parse_duration, "seconds one image URL's fetch may take in all"),
     Setting("OMLX_SWITCH_INTERVAL", "0.0005", float,
             "seconds a Python thread may hold the GIL while another waits (sys.setswitchinterval)", group=TUNING),
     Setting("OMLX_TELEMETRY_DAYS", "7", float, "days of enforcer telemetry kept"),
@@ -228,6 +238,12 @@ class Settings:
     max_messages: int
     max_tools: int
     max_stop_length: int
+    max_images: int
+    max_image_bytes: int
+    max_request_image_bytes: int
+    max_image_pixels: int
+    image_fetch: bool
+    image_fetch_timeout: float
     switch_interval: float
     telemetry_days: float
     responses_days: float

@@ -55,6 +55,24 @@ class ContextLengthExceeded(InvalidRequest):
         super().__init__(message, param="max_tokens" if part == self.COMPLETION else prompt_param, **facts)
 
 
+class InvalidImage(InvalidRequest):
+    """An image in the request cannot be read, breaks a limit (OMLX_MAX_IMAGES and the other image
+    settings) or comes from a place the server does not fetch; `param` is the image's field, as its
+    dialect names it. `code`: invalid_image, too_many_images, image_too_large, image_url_refused,
+    image_fetch_failed."""
+    code = "invalid_image"
+
+
+class ModelCannotSeeImages(InvalidRequest):
+    """The messages carry images and the model has no `vision` capability (pool/catalog/kinds.py)."""
+    code = "model_not_vision"
+
+    def __init__(self, *, model: str):
+        self.model = model
+        super().__init__(f"The model '{model}' takes text only; it cannot see images (send a vision model, or "
+                         "leave the images out).", param="messages")
+
+
 class WrongKind(InvalidRequest):
     """A request for one kind of model (pool/catalog/kinds.py) names a model of another kind."""
     code = "model_kind_mismatch"

@@ -4,6 +4,7 @@ limits. Each failure is a 400 naming the field."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 from django.conf import settings
@@ -13,6 +14,8 @@ from ..conf import get_settings
 from ..errors import InvalidRequest
 from ..policy import kv
 from ..policy.limits import stop_problem, too_many
+from ..serving import image_fetch
+from ..serving.images import ImageBudget, ImageLimits
 from ..setting_parsers import LONGEST_DURATION, parse_duration
 from ..strict_json import loads_strict
 
@@ -104,3 +107,13 @@ def kv_fields(body) -> dict:
         if problem:
             raise InvalidRequest(f"'{name}' {problem}", param=name)
     return given
+
+
+def image_budget() -> ImageBudget:
+    """One request's images: counted and read against the image settings (pool/serving/images.py)."""
+    return ImageBudget(ImageLimits.from_settings(get_settings()), fetch=image_fetch.fetch)
+
+
+async def off_loop(parse, *args, **kwargs):
+    """A body parsed on a worker thread: its images are decoded (and fetched, if allowed) there."""
+    return await asyncio.to_thread(parse, *args, **kwargs)

@@ -54,7 +54,11 @@ def prompt_chars(messages: list[dict] | None, prompt: str | None) -> int:
     total = 0
     for message in messages:
         content = message.get("content")
-        total += len(content) if isinstance(content, str) else 0
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):      # text and image parts: the texts' characters
+            total += sum(len(part.get("text") or "") for part in content
+                         if isinstance(part, dict) and part.get("type") == "text")
         for call in message.get("tool_calls") or ():
             function = call.get("function") if isinstance(call, dict) else None
             if isinstance(function, dict):

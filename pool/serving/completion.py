@@ -21,7 +21,7 @@ from jinja2 import TemplateError
 
 from ..catalog.kinds import CHAT, model_card
 from ..engines.protocol import Chunk, SamplingParams, TextGenerator
-from ..errors import ContextLengthExceeded, InvalidRequest
+from ..errors import ContextLengthExceeded, InvalidRequest, ModelCannotSeeImages
 from ..host.entries import Entry
 from ..policy import limits
 from ..policy.kv import KVConfig, KVFieldError, kv_config
@@ -34,6 +34,7 @@ from ..traces.flow import cancelled_error, settled, traced, was_cancelled
 from ..traces.trace import current as current_trace
 from .constraints import UnsupportedSchema, tool_calls
 from .door import Door, engine_errors
+from .images import has_images
 from .specs import CompletionSpec
 
 
@@ -98,6 +99,7 @@ async def open_completion(door: Door, model_id: str, spec: CompletionSpec) -> Co
         if spec.context_limit is not None:
             context = min(context, spec.context_limit)
         _check_prompt_size(spec, context, door.pool.conf.prompt_chars_per_token)
+        _check_vision(spec, entry)
 
     tool_request = _tool_request(spec)
     constraint = _forced_call(tool_request) or spec.constraint   # a forced call outranks response_format
@@ -142,6 +144,7 @@ async def count_tokens(door: Door, model_id: str, spec: CompletionSpec) -> int:
     def check(entry: Entry) -> None:
         _check_prompt_size(spec, context_length(entry, door.pool.conf.context_fallback),
                            door.pool.conf.prompt_chars_per_token)
+        _check_vision(spec, entry)
 
     tool_request = _tool_request(spec)
     async with door.acquire(model_id, CHAT, keep_alive=spec.keep_alive, slot=False, check=check) as lease:
@@ -164,6 +167,12 @@ def _check_prompt_size(spec: CompletionSpec, context: int, chars_per_token: int)
         raise ContextLengthExceeded(part=ContextLengthExceeded.CHARACTERS, context=context,
                                     prompt_param="tools" if tools > limit else spec.prompt_param, characters=chars,
                                     max_characters=limit, chars_per_token=chars_per_token)
+
+
+def _check_vision(spec: CompletionSpec, entry: Entry) -> None:
+    """Images only for a model that sees them: refused before any wait or load."""
+    if has_images(spec.messages) and "vision" not in model_card(entry.path, entry.kind)["capabilities"]:
+        raise ModelCannotSeeImages(model=entry.id)
 
 
 def _fit_context(spec: CompletionSpec, prompt_tokens: int, context: int, default: int | None) -> int:

@@ -12,6 +12,7 @@ from ...tools.calls import ToolCall
 from .. import wants
 from ..auth import require_key
 from ..dialects import ANTHROPIC
+from ..fields import off_loop
 from ..keepalive import KEEPALIVE, until_first
 from ..load_wait import opening, sse_comment, stream_after_load
 from ..route import api_route
@@ -23,7 +24,7 @@ from .parse import parse_count_tokens, parse_messages, read_body
 
 @api_route("POST", auth=require_key, dialect=ANTHROPIC, wants=wants.anthropic_messages)
 async def messages(request):
-    req = parse_messages(read_body(request))
+    req = await off_loop(parse_messages, read_body(request))
     runtime = get_runtime()
     if not req.stream:
         completion = await opening(runtime.router.generate(req.spec), req.spec.model)
@@ -37,7 +38,7 @@ async def messages(request):
 
 @api_route("POST", auth=require_key, dialect=ANTHROPIC, wants=wants.model_in_body_here_first)
 async def count_tokens(request):
-    spec = parse_count_tokens(read_body(request))
+    spec = await off_loop(parse_count_tokens, read_body(request))
     return JsonResponse({"input_tokens": await get_runtime().router.count_tokens(spec)})
 
 

@@ -15,9 +15,10 @@ from django.core.exceptions import RequestDataTooBig
 
 from ...conf import get_settings
 from ...errors import InvalidRequest
+from ...serving.images import MEDIA_TYPES, Image, ImageBudget, parts
 from ...serving.specs import CompletionSpec
 from ..errors import RequestTooLarge
-from ..fields import check_count, flag, integer, json_body, number, stop_strings
+from ..fields import check_count, flag, image_budget, integer, json_body, number, stop_strings
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 # Blocks a client sends back from an earlier answer that a local model cannot use: dropped.
@@ -75,6 +76,7 @@ def chat_messages(system, messages) -> list[dict]:
         raise InvalidRequest("messages: must be a non-empty list", param="messages")
     check_count(messages, "messages", get_settings().max_messages, where="messages:")
     out = []
+    budget = image_budget()
     system_text = _system(system)
     if system_text:
         out.append({"role": "system", "content": system_text})
@@ -85,7 +87,7 @@ def chat_messages(system, messages) -> list[dict]:
         role = message.get("role")
         blocks = _blocks(message.get("content"), f"{where}.content")
         if role == "user":
-            out.extend(_user(blocks, f"{where}.content"))
+            out.extend(_user(blocks, f"{where}.content", budget))
         elif role == "assistant":
             out.append(_assistant(blocks, f"{where}.content"))
         else:
@@ -135,25 +137,44 @@ def _unsupported(block: dict, where: str, allowed: str) -> InvalidRequest:
                       f"{allowed}", param=f"{where}.type")
 
 
-def _user(blocks: list[dict], where: str) -> list[dict]:
-    """A user turn: its text as a user message, each tool_result as a `tool` message, in order."""
-    out, texts = [], []
+def _user(blocks: list[dict], where: str, budget: ImageBudget) -> list[dict]:
+    """A user turn: its text and images as a user message, each tool_result as a `tool` message, in order."""
+    out: list[dict] = []
+    texts: list[str | Image] = []
 
     def flush():
         if texts:
-            out.append({"role": "user", "content": "\n\n".join(texts)})
+            out.append({"role": "user", "content": parts(texts, "\n\n")})
             texts.clear()
     for j, block in enumerate(blocks):
         kind = block["type"]
         if kind == "text":
             texts.append(_text(block, f"{where}.{j}"))
+        elif kind == "image":
+            texts.append(_image(block, f"{where}.{j}", budget))
         elif kind == "tool_result":
             flush()
             out.append(_tool_result(block, f"{where}.{j}"))
         elif kind not in DROPPED_BLOCKS:
-            raise _unsupported(block, f"{where}.{j}", "text and tool_result blocks in user turns")
+            raise _unsupported(block, f"{where}.{j}", "text, image and tool_result blocks in user turns")
     flush()
     return out or [{"role": "user", "content": ""}]
+
+
+def _image(block: dict, where: str, budget: ImageBudget) -> Image:
+    """`{"type": "image", "source": {"type": "base64", "media_type", "data"}}`, or a `url` source
+    (fetched only when OMLX_IMAGE_FETCH is on)."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64":
+        media_type = source.get("media_type")
+        if media_type not in MEDIA_TYPES.values():
+            raise InvalidRequest(f"{where}.source.media_type: must be one of {', '.join(MEDIA_TYPES.values())}",
+                                 param=f"{where}.source.media_type")
+        return budget.base64(source.get("data"), f"{where}.source.data", media_type=media_type)
+    if kind == "url":
+        return budget.url(source.get("url"), f"{where}.source.url")
+    raise InvalidRequest(f"{where}.source.type: must be 'base64' or 'url'", param=f"{where}.source.type")
 
 
 def _tool_result(block: dict, where: str) -> dict:

@@ -22,7 +22,7 @@ from ...tools.calls import ToolCall
 from .. import wants
 from ..auth import require_key
 from ..dialects import OLLAMA
-from ..fields import json_body
+from ..fields import json_body, off_loop
 from ..route import api_route
 from ..sse import event_stream
 from .parse import parse_chat, parse_generate
@@ -142,7 +142,7 @@ async def _respond(completion, clock: Clock, frame, stream: bool, logprobs: bool
 
 @api_route("POST", auth=require_key, dialect=OLLAMA, wants=wants.ollama_chat)
 async def chat(request):
-    req = parse_chat(json_body(request))
+    req = await off_loop(parse_chat, json_body(request))
     clock = Clock()
     router = get_runtime().router
     model = req.spec.model      # the name as the client wrote it, as Ollama echoes it
@@ -165,7 +165,7 @@ async def chat(request):
 
 @api_route("POST", auth=require_key, dialect=OLLAMA, wants=wants.ollama_generate)
 async def generate(request):
-    req = parse_generate(json_body(request))
+    req = await off_loop(parse_generate, json_body(request))
     router = get_runtime().router
     if req.empty:
         reason = await _load_or_unload(router, req.model, req.fields.get("keep_alive"))
@@ -185,7 +185,7 @@ async def generate(request):
         spec = CompletionSpec(model=target.model_id, prompt=req.prompt, **fields)
     else:
         system = [{"role": "system", "content": req.system}] if req.system else []
-        spec = CompletionSpec(model=target.model_id, messages=[*system, {"role": "user", "content": req.prompt}],
+        spec = CompletionSpec(model=target.model_id, messages=[*system, {"role": "user", "content": req.content}],
                               **fields)
     clock = Clock()
     completion = await router.generate(spec)

@@ -17,9 +17,10 @@ from typing import Any
 from ...conf import get_settings
 from ...errors import InvalidRequest
 from ...serving.constraints import UnsupportedSchema, json_object, json_schema
+from ...serving.images import Image, ImageBudget, parts
 from ...serving.specs import MAX_INPUTS, CompletionSpec, EmbeddingSpec
 from ...tools.request import parse_tool_request
-from ..fields import check_count, keep_alive, stop_strings
+from ..fields import check_count, image_budget, keep_alive, stop_strings
 from .names import model_field
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -119,9 +120,13 @@ def constraint(value):
                              code="unsupported_schema") from None
 
 
-def refuse_images(value, model: str, where: str) -> None:
-    if value:
-        raise _bad(f"{where}: the model '{model}' takes text only; it cannot read images", where)
+def images(value, where: str, budget: ImageBudget) -> list[Image]:
+    """`images`: a list of base64 strings (no data: prefix, as Ollama's)."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _bad(f"{where} must be a list of base64-encoded images", where)
+    return [budget.base64(text, f"{where}[{k}]") for k, text in enumerate(value)]
 
 
 def refuse_thinking(body: dict, model: str) -> None:
@@ -153,6 +158,7 @@ def chat_messages(messages, model: str) -> list[dict]:
     if not isinstance(messages, list):
         raise _bad("messages must be a list", "messages")
     check_count(messages, "messages", get_settings().max_messages)
+    budget = image_budget()
     out: list[dict] = []
     pending: list[dict] = []          # the last assistant turn's calls not yet answered
     for i, m in enumerate(messages):
@@ -164,8 +170,10 @@ def chat_messages(messages, model: str) -> list[dict]:
         content = m.get("content", "")
         if not isinstance(content, str):
             raise _bad(f"{where}.content must be a string", f"{where}.content")
-        refuse_images(m.get("images"), model, f"{where}.images")
-        message: dict[str, Any] = {"role": m["role"], "content": content}
+        pictures = images(m.get("images"), f"{where}.images", budget)
+        if pictures and m["role"] != "user":
+            raise _bad(f"{where}.images: only user messages carry images", f"{where}.images")
+        message: dict[str, Any] = {"role": m["role"], "content": parts([*pictures, content])}
         if m["role"] == "assistant" and m.get("tool_calls"):
             calls = _calls(m["tool_calls"], f"{where}.tool_calls", len(out))
             message["tool_calls"], pending = calls, list(calls)
@@ -210,17 +218,23 @@ class GenerateRequest:
     suffix: str | None
     stream: bool
     fields: dict[str, Any]        # sampling and keep_alive, for the CompletionSpec
+    images: tuple[Image, ...] = ()
+
+    @property
+    def content(self) -> str | list[dict]:
+        """The user message: its images, then its prompt (images.parts)."""
+        return parts([*self.images, self.prompt])
 
     @property
     def empty(self) -> bool:
         """Ollama's load and unload verbs: no prompt and no suffix."""
-        return not self.prompt and not self.suffix
+        return not self.prompt and not self.suffix and not self.images
 
 
 def parse_generate(body: dict) -> GenerateRequest:
     model = _model(body)
     refuse_thinking(body, model)
-    refuse_images(body.get("images"), model, "images")
+    pictures = images(body.get("images"), "images", image_budget())
     texts = {}
     for name in ("prompt", "system", "suffix", "template"):
         value = body.get(name)
@@ -236,8 +250,11 @@ def parse_generate(body: dict) -> GenerateRequest:
     if body.get("context") is not None:
         raise _bad("context: the deprecated token context is not supported; send the conversation to /api/chat",
                    "context")
+    if pictures and (raw or texts["suffix"]):
+        raise _bad("images: a raw prompt or a suffix cannot carry images (the chat template places them)", "images")
     return GenerateRequest(model=model, prompt=texts["prompt"] or "", system=texts["system"], raw=raw,
-                           suffix=texts["suffix"] or None, stream=_stream(body), fields=sampling(body))
+                           suffix=texts["suffix"] or None, stream=_stream(body), fields=sampling(body),
+                           images=tuple(pictures))
 
 
 # ---- /api/embed, /api/embeddings -----------------------------------------------------------------

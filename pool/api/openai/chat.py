@@ -14,7 +14,7 @@ from ...tools.calls import finish_reason
 from .. import wants
 from ..auth import require_key
 from ..dialects import OPENAI
-from ..fields import json_body
+from ..fields import json_body, off_loop
 from ..keepalive import KEEPALIVE, until_first
 from ..load_wait import opening, sse_comment, stream_after_load
 from ..route import api_route
@@ -36,7 +36,7 @@ async def completions(request):
 
 
 async def _complete(request, *, chat: bool):
-    req = parse_completion(json_body(request), chat=chat)
+    req = await off_loop(parse_completion, json_body(request), chat=chat)
     runtime = get_runtime()
 
     def shape_of(completion) -> Shape:

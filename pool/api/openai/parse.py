@@ -10,11 +10,12 @@ from dataclasses import dataclass
 
 from ...conf import get_settings
 from ...errors import InvalidRequest
+from ...serving.images import Image, ImageBudget, parts
 from ...serving.specs import CompletionSpec
 from ...tools.formats import FALLBACK
 from ...tools.prompt import prepare_messages
 from ...tools.request import parse_tool_request
-from ..fields import check_count, flag, integer, keep_alive, kv_fields, number, stop_strings
+from ..fields import check_count, flag, image_budget, integer, keep_alive, kv_fields, number, stop_strings
 from .structured import parse_response_format
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -23,6 +24,7 @@ MAX_TOP_LOGPROBS = 20        # chat's `top_logprobs` (OpenAI's limit)
 MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' `logprobs` (OpenAI's limit)
 MAX_LOGIT_BIAS = 300         # entries in `logit_bias` (OpenAI's limit)
 MAX_STOP = 4                 # stop strings (OpenAI's limit)
+DETAILS = ("auto", "low", "high")   # an image_url's `detail`: accepted; the model's processor sizes images
 _TOKEN_ID = re.compile(r"[0-9]{1,9}")
 
 
@@ -34,26 +36,43 @@ class CompletionRequest:
     include_usage: bool = False
 
 
-def _content(message: dict, i: int) -> str:
+def _content(message: dict, i: int, images: ImageBudget) -> str | list[dict]:
+    """A message's content: a string, or text and image parts (images.parts)."""
     content = message.get("content")
+    where = f"messages[{i}].content"
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise InvalidRequest(f"messages[{i}].content: only text parts are supported",
-                                 param=f"messages[{i}].content")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise InvalidRequest(f"messages[{i}].content must be a string or a list of text parts",
-                     param=f"messages[{i}].content")
+        pieces: list[str | Image] = []
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                pieces.append(part["text"])
+            elif kind == "image_url" and message.get("role") == "user":
+                pieces.append(_image(part, f"{where}[{j}]", images))
+            else:
+                raise InvalidRequest(f"{where}[{j}]: only text parts" + (", and image_url parts in user messages,"
+                                     if kind == "image_url" else " and image_url parts") + " are supported",
+                                     param=f"{where}[{j}]")
+        return parts(pieces)
+    raise InvalidRequest(f"{where} must be a string or a list of text and image_url parts", param=where)
+
+
+def _image(part: dict, where: str, images: ImageBudget) -> Image:
+    """`{"type": "image_url", "image_url": {"url", "detail"}}` (or the URL as a plain string)."""
+    value = part.get("image_url")
+    url = value.get("url") if isinstance(value, dict) else value
+    if isinstance(value, dict) and value.get("detail", "auto") not in DETAILS:
+        raise InvalidRequest(f"{where}.image_url.detail must be one of {', '.join(DETAILS)}",
+                             param=f"{where}.image_url.detail")
+    return images.url(url, f"{where}.image_url.url" if isinstance(value, dict) else f"{where}.image_url")
 
 
 def _messages(body) -> list[dict]:
     messages = body.get("messages")
+    images = image_budget()
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty list", param="messages")
     check_count(messages, "messages", get_settings().max_messages)
@@ -65,7 +84,7 @@ def _messages(body) -> list[dict]:
         if not isinstance(role, str) or role not in ROLES:
             raise InvalidRequest(f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}",
                              param=f"messages[{i}].role")
-        message = {"role": "system" if role == "developer" else role, "content": _content(m, i)}
+        message = {"role": "system" if role == "developer" else role, "content": _content(m, i, images)}
         if role == "assistant" and m.get("tool_calls") is not None:
             message["tool_calls"] = _history_tool_calls(m["tool_calls"], f"messages[{i}].tool_calls")
         if role == "tool" and m.get("tool_call_id") is not None:

@@ -17,7 +17,7 @@ from django.http import JsonResponse
 from ...errors import InvalidRequest
 from ...runtime import get_runtime
 from ..auth import require_key
-from ..fields import json_body
+from ..fields import json_body, off_loop
 from ..route import api_route
 from . import store
 from .items import compacted_text, compaction_item, input_items
@@ -37,7 +37,7 @@ async def compact(request):
         raise InvalidRequest("'previous_response_id' must be a string", param="previous_response_id")
     if body.get("input") is None and previous is None:
         raise InvalidRequest("'input' or 'previous_response_id' is required", param="input")
-    given = input_items(body["input"]) if body.get("input") is not None else []
+    given = await off_loop(input_items, body["input"]) if body.get("input") is not None else []
     earlier = await store.conversation(previous, owner(request)) if previous else []
     return JsonResponse(compacted([*earlier, *given]))
 

@@ -21,6 +21,7 @@ from typing import Any
 from ...conf import get_settings
 from ...errors import InvalidRequest
 from ...serving.constraints import UnsupportedSchema, json_object, json_schema
+from ...serving.images import Image
 from ...serving.specs import CompletionSpec
 from ...tools.request import parse_tool_request
 from ..fields import check_count, flag, integer, keep_alive, kv_fields, number
@@ -47,10 +48,11 @@ class ResponsesRequest:
     truncation: str = "disabled"
     spec_fields: dict[str, Any] = field(default_factory=dict)   # CompletionSpec's, all but messages
     echo: dict[str, Any] = field(default_factory=dict)          # the response object's request fields
+    images: dict[str, Image] = field(default_factory=dict)      # the conversation's images by data URL
 
     def spec(self, conversation: list[dict]) -> CompletionSpec:
         """The door's request for this conversation (earlier items, then this input)."""
-        chat = messages(conversation)
+        chat = messages(conversation, self.images)
         if self.instructions:
             chat = [{"role": "system", "content": self.instructions}, *chat]
         return CompletionSpec(model=self.model, messages=chat, **self.spec_fields)
@@ -180,7 +182,8 @@ def parse_responses(body: dict) -> ResponsesRequest:
     _refused(body)
     if "input" not in body:
         raise InvalidRequest("'input' is required", param="input")
-    items = input_items(body.get("input"))
+    images: dict[str, Image] = {}
+    items = input_items(body.get("input"), images)
     instructions = _string(body, "instructions")
     previous = _string(body, "previous_response_id")
     truncation = body.get("truncation") or "disabled"
@@ -207,7 +210,7 @@ def parse_responses(body: dict) -> ResponsesRequest:
             "user": _string(body, "user")}
     return ResponsesRequest(model=model, input=items, instructions=instructions, previous_response_id=previous,
                             store=store, stream=flag(body, "stream", default=False), truncation=truncation,
-                            namespaces=namespaces, spec_fields=spec_fields, echo=echo)
+                            namespaces=namespaces, spec_fields=spec_fields, echo=echo, images=images)
 
 
 def _echo_tool(tool: dict, namespaces: dict[str, str]) -> dict:

@@ -23,7 +23,7 @@ from .. import wants
 from ..auth import require_key
 from ..dialects import OPENAI, Dialect
 from ..errors import envelope, internal
-from ..fields import integer, json_body
+from ..fields import integer, json_body, off_loop
 from ..keepalive import KEEPALIVE, until_first
 from ..load_wait import opening, sse_comment, stream_after_load
 from ..openai import words as openai_words
@@ -31,7 +31,7 @@ from ..route import api_route
 from ..sse import event_stream
 from . import store
 from .events import EventStream, replay, sse
-from .items import cuts
+from .items import cuts, read_images
 from .parse import ResponsesRequest, parse_responses
 from .shapes import Response, Text, output_items, status_of, usage
 
@@ -56,9 +56,11 @@ RESPONSES = Dialect("openai-responses", openai_words.envelope, _stream_error)
 
 @api_route("POST", auth=require_key, wants=wants.responses_input)
 async def create(request):
-    req = replace(parse_responses(json_body(request)), owner=owner(request))
+    req = replace(await off_loop(parse_responses, json_body(request)), owner=owner(request))
     earlier = await store.conversation(req.previous_response_id, req.owner) if req.previous_response_id else []
     store.check_conversation(earlier, req.input)
+    if earlier:      # a stored conversation's images, read again and counted with this input's
+        await off_loop(read_images, [*earlier, *req.input], req.images)
     if req.store:
         store.check_input(req.input)
     conversation = [*earlier, *req.input]
