@@ -77,7 +77,7 @@ BAD_BODIES = [
      "messages.0.content.0"),
     ({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}]}]},
-     "messages.0.content.0.type"),
+     "messages.0.content.0.source.data"),
     ({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "text", "text": 3}]}]},
      "messages.0.content.0.text"),
     ({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_use", **CALL}]}]},

@@ -41,7 +41,7 @@ def test_options(options, fields):
     ({"model": DEMO, "messages": USER, "logprobs": 1}, "logprobs"),
     ({"model": DEMO, "messages": USER, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"model": DEMO, "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
-    ({"model": DEMO, "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, "messages[0].images"),
+    ({"model": DEMO, "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, "messages[0].images[0]"),
     ({"model": DEMO, "messages": USER, "options": {"temperature": 3}}, "options.temperature"),
     ({"model": DEMO, "messages": USER, "options": {"num_ctx": 0}}, "options.num_ctx"),
     ({"model": DEMO, "messages": USER, "options": {"num_predict": "x"}}, "options.num_predict"),
@@ -90,7 +90,7 @@ def test_a_tool_round_trip_in_ollamas_shape_becomes_openais():
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"model": DEMO, "prompt": "x", "images": ["aGk="]}, "images"),
+    ({"model": DEMO, "prompt": "x", "images": ["aGk="]}, "images[0]"),
     ({"model": DEMO, "prompt": "x", "template": "{{ .Prompt }}"}, "template"),
     ({"model": DEMO, "prompt": 5}, "prompt"),
     ({"model": DEMO, "prompt": "x", "raw": "yes"}, "raw"),

@@ -204,7 +204,7 @@ def test_unknown_previous_response_id_is_a_404(server):
     ({"input": "hi"}, "model"),
     ({"model": DEMO}, "input"),
     ({"model": DEMO, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-     "input[0].content[0]"),
+     "input[0].content[0].image_url"),
     ({"model": DEMO, "input": "hi", "tools": [{"type": "custom", "name": "apply_patch"}]}, "tools[0].type"),
     ({"model": DEMO, "input": "hi", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
     ({"model": DEMO, "input": "hi", "background": True}, "background"),
