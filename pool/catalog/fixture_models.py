@@ -102,7 +102,10 @@ def make_fixture_model(out_dir: str | Path, size_mb: float | None = None, *, tok
 
     from pool.catalog.fixture_archs import ARCHS
     from pool.catalog.fixture_sizing import build_model, shape_for, tiny_shape
+    from pool.catalog.fixture_vlms import VISION_ARCHS, make_vision_fixture
 
+    if arch in VISION_ARCHS:    # mlx-vlm's classes, at their tiny shape
+        return make_vision_fixture(out_dir, arch, tokenizer_from=tokenizer_from, seed=seed)
     src, out = Path(tokenizer_from), Path(out_dir)
     if not (src / "tokenizer.json").is_file():
         raise FileNotFoundError(f"no tokenizer.json in {src} (convert the demo model first: "

@@ -21,6 +21,10 @@ GENERATE, ENCODE = "generate", "encode"      # the protocols of pool/engines/pro
 # Encoder-only architectures: they make vectors, never text.
 ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "modernbert", "nomic_bert"})
 # where configs give the positions a model was built for, most common first (VLMs nest text_config)
+# Vision-language model_types mlx-vlm serves whose configs may not nest a `vision_config` (most do)
+VISION_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3", "gemma3n", "idefics3",
+                          "smolvlm", "llava", "llava_next", "mistral3", "pixtral", "paligemma", "mllama",
+                          "internvl_chat", "moondream2", "phi3_v", "lfm2_vl", "kimi_vl", "glm4v"})
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
 
 
@@ -34,6 +38,11 @@ class Kind:
     capabilities: tuple[str, ...]               # what /v1/models says it can do
     keeps_kv: bool                              # a prompt cache, per-request KV, load headroom
     context_length: Callable[[Path, dict], int | None]
+    serves: tuple[str, ...] = ()                # other kinds whose requests it takes (a VLM: chat)
+
+    def takes(self, wanted: "Kind") -> bool:
+        """Whether a request for a model of `wanted` kind can be served by a model of this one."""
+        return self == wanted or wanted.name in self.serves
 
     def make_engine(self, model_id: str, path: Path, **options: Any) -> Any:
         module, _, name = self.engine.partition(":")
@@ -48,6 +57,12 @@ class Kind:
 
 def _is_encoder(folder: Path, config: dict) -> bool:
     return (folder / "modules.json").is_file() or config.get("model_type") in ENCODER_TYPES
+
+
+def _is_vision(folder: Path, config: dict) -> bool:
+    """A model with a vision tower: mlx-vlm's configs nest it as `vision_config` (some only name the type)."""
+    vision = config.get("vision_config")
+    return (isinstance(vision, dict) and bool(vision)) or config.get("model_type") in VISION_TYPES
 
 
 def config_context_length(config: dict) -> int | None:
@@ -72,8 +87,13 @@ EMBEDDINGS = Kind("embeddings", "an embedding model", detects=_is_encoder,
                   engine="pool.engines.encoder:EmbeddingEngine", protocol=ENCODE,
                   capabilities=("embeddings",), keeps_kv=False, context_length=_encoder_context_length)
 
+# a vision-language model on mlx-vlm: images and text, chat requests of either
+VISION = Kind("vision", "a vision model", detects=_is_vision, engine="pool.engines.vision:VisionEngine",
+              protocol=GENERATE, capabilities=("chat", "completions", "tools", "structured_output", "vision"),
+              keeps_kv=True, context_length=lambda folder, config: config_context_length(config), serves=("chat",))
+
 # In the order folders are tried: the most particular first; chat takes any other model folder.
-KINDS: dict[str, Kind] = {kind.name: kind for kind in (EMBEDDINGS, CHAT)}
+KINDS: dict[str, Kind] = {kind.name: kind for kind in (EMBEDDINGS, VISION, CHAT)}
 
 
 def folder_kind(folder: Path) -> Kind:

@@ -55,8 +55,8 @@ class Door:
     def entry(self, model_id: str, kind: Kind) -> Entry:
         """The model, when it is of `kind`; a WrongKind error at once otherwise, before any wait."""
         entry = self.pool.entry(model_id)
-        if entry.kind != kind:
-            others = sorted(e.alias or e.id for e in self.pool.entries.values() if e.kind == kind and not e.hidden)
+        if not entry.kind.takes(kind):
+            others = sorted(e.alias or e.id for e in self.pool.entries.values() if e.kind.takes(kind) and not e.hidden)
             raise WrongKind(model=entry.alias or entry.id, kind=entry.kind.name, noun=entry.kind.noun,
                             wanted=kind.name, wanted_noun=kind.noun, alternatives=others)
         return entry

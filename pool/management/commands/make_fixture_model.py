@@ -6,6 +6,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from pool.catalog.fixture_archs import ARCHS
+from pool.catalog.fixture_vlms import VISION_ARCHS
 from pool.catalog.gguf import folder_size
 from pool.conf import get_settings
 from pool.management.client import announce_new_models
@@ -21,7 +22,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("target", metavar="OUT_DIR_OR_NAME",
                             help="a folder path, or a bare name meaning $OMLX_HOME/models/<name>")
-        parser.add_argument("--arch", choices=list(ARCHS), default="llama",
+        parser.add_argument("--arch", choices=[*ARCHS, *VISION_ARCHS], default="llama",
                             help="the architecture: mlx-lm's own model class for it builds the weights")
         parser.add_argument("--size-mb", type=float,
                             help="target weight size in MB (10**6 bytes); default: the tiny shape the tests use")
