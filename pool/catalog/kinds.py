@@ -21,10 +21,9 @@ GENERATE, ENCODE = "generate", "encode"      # the protocols of pool/engines/pro
 # Encoder-only architectures: they make vectors, never text.
 ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "modernbert", "nomic_bert"})
 # where configs give the positions a model was built for, most common first (VLMs nest text_config)
-# Vision-language model_types mlx-vlm serves whose configs may not nest a `vision_config` (most do)
-VISION_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3", "gemma3n", "idefics3",
-                          "smolvlm", "llava", "llava_next", "mistral3", "pixtral", "paligemma", "mllama",
-                          "internvl_chat", "moondream2", "phi3_v", "lfm2_vl", "kimi_vl", "glm4v"})
+# Vision-language model_types mlx-vlm serves whose configs carry no `vision_config` (the others all do:
+# a gemma3 or qwen3_5 config without one is a text checkpoint, which mlx-lm serves)
+VISION_TYPES = frozenset({"phi3_v", "moondream2", "florence2"})
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
 
 

@@ -193,7 +193,7 @@ class VisionEngine(EngineWorker):
                 "max_tokens": p.max_tokens, "sampler": sampler(p.temperature, p.top_p),
                 "logits_processors": logits_processors(p, self.tokenizer) or None,
                 "prefill_step_size": self.prefill_step, "prompt_cache_state": state}
-            if images:
+            if isinstance(prompt, VisionPrompt) and images:
                 steps = stream_generate(self._model, self._processor, prompt.text, image=pil_images(images), **options)
             else:
                 steps = stream_generate(self._model, self._processor, "", input_ids=mx.array([list(prompt)]), **options)

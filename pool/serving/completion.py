@@ -170,9 +170,12 @@ def _check_prompt_size(spec: CompletionSpec, context: int, chars_per_token: int)
 
 
 def _check_vision(spec: CompletionSpec, entry: Entry) -> None:
-    """Images only for a model that sees them: refused before any wait or load."""
+    """Images only for a model that sees them: refused before any wait or load. A vision model's
+    engine (mlx-vlm's stream_generate) makes one answer per request."""
     if has_images(spec.messages) and "vision" not in model_card(entry.path, entry.kind)["capabilities"]:
         raise ModelCannotSeeImages(model=entry.id)
+    if spec.n > 1 and "vision" in model_card(entry.path, entry.kind)["capabilities"]:
+        raise InvalidRequest(f"The model '{entry.id}' makes one answer per request; 'n' must be 1.", param="n")
 
 
 def _fit_context(spec: CompletionSpec, prompt_tokens: int, context: int, default: int | None) -> int:

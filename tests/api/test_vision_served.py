@@ -25,3 +25,9 @@ def test_a_vlm_answers_images_and_text_through_the_server(start_server, make_mod
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == again["usage"]["prompt_tokens"] - 1
     text = server.chat("vlm", messages=[{"role": "user", "content": "Hello"}], max_tokens=8).json()
     assert text["choices"][0]["finish_reason"] in ("length", "stop")
+    other = server.chat("vlm", messages=[{**image, "content": [
+        {"type": "image_url", "image_url": {"url": data_url((20, 200, 30))}}, {"type": "text", "text": "What is this?"}]}],
+        max_tokens=8, temperature=0).json()
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0       # another image: nothing reused
+    several = server.chat("vlm", messages=[image], max_tokens=8, n=2)
+    assert several.status_code == 400 and several.json()["error"]["param"] == "n", several.text
