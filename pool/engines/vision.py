@@ -299,6 +299,3 @@ def _vocab_size(model) -> int | None:
     config = model.config
     text = getattr(config, "text_config", None)
     return getattr(text, "vocab_size", None) or getattr(config, "vocab_size", None)
-
-
-
