@@ -87,7 +87,9 @@ class VisionEngine(EngineWorker):
         inputs = prepare_inputs(self._processor, images=pil_images(images), prompts=text,
                                 image_token_index=getattr(self._model.config, "image_token_index", None),
                                 add_special_tokens=self._special_tokens)
-        return VisionPrompt(inputs["input_ids"].flatten().tolist(), text=text, images=images)
+        config = self._model.config
+        image_token = getattr(config, "image_token_id", None) or getattr(config, "image_token_index", None)
+        return VisionPrompt(inputs["input_ids"].flatten().tolist(), text=text, images=images, image_token=image_token)
 
     def chat_checkpoints(self, messages: list[dict], tools: list[dict] | None, prompt: list[int]) -> tuple[int, ...]:
         return ()

@@ -16,10 +16,11 @@ class VisionPrompt(list):
     """Token ids (a list, as every engine's prompt is) and what made them: the rendered chat text
     and the images in the order their placeholders appear."""
 
-    def __init__(self, ids: Sequence[int], *, text: str, images: tuple[Any, ...] = ()):
+    def __init__(self, ids: Sequence[int], *, text: str, images: tuple[Any, ...] = (), image_token: int | None = None):
         super().__init__(ids)
         self.text = text
         self.images = images
+        self.image_tokens = sum(i == image_token for i in self) if image_token is not None else 0
 
     @property
     def digests(self) -> tuple[str, ...]:

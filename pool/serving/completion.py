@@ -123,6 +123,7 @@ async def open_completion(door: Door, model_id: str, spec: CompletionSpec) -> Co
         if (trace := current_trace.get()) is not None:
             trace.task = None
             trace.prefilling(len(tokens))
+            trace.image_tokens = getattr(tokens, "image_tokens", 0)
         params = _sampling(spec, entry.model_settings, kv, max_tokens, constraint, checkpoints)
         return Completion(entry.id, engine, tokens, params, stack, tool_format=fmt if shown else None,
                           tool_request=tool_request)

@@ -53,6 +53,7 @@ class Trace:
     prefill_total: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    image_tokens: int = 0             # of prompt_tokens, those an image became (a vision model's)
     completion_tokens: int = 0
     generated: int = 0                  # the first choice's tokens so far (the engine thread counts them)
     admission_s: float | None = None
@@ -148,7 +149,7 @@ class Trace:
             "stream": self.stream, "status": self.status, "error": self.error, "finish_reason": self.finish_reason,
             "disconnected": self.disconnected, "cancelled": self.cancelled, "phase": str(self.phase),
             "prefill_done": self.prefill_done, "prefill_total": self.prefill_total,
-            "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+            "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens, "image_tokens": self.image_tokens,
             "completion_tokens": self.completion_tokens or self.generated, "admission_ms": _ms(self.admission_s),
             "slot_ms": _ms(self.slot_s), "load_ms": _ms(self.load_s), "load_model": self.load_model,
             "load_started": self.load_started, "prefill_ms": _ms(self.prefill_s), "ttft_ms": _ms(self.ttft_s),

@@ -23,6 +23,8 @@ def test_a_vlm_answers_images_and_text_through_the_server(start_server, make_mod
     again = server.chat("vlm", messages=[image], max_tokens=8, temperature=0).json()
     assert first["choices"][0]["message"]["content"] == again["choices"][0]["message"]["content"]
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == again["usage"]["prompt_tokens"] - 1
+    traced = server.wait_for(lambda: [t for t in server.get("/api/requests").json()["data"] if t["image_tokens"]])
+    assert 0 < traced[0]["image_tokens"] < traced[0]["prompt_tokens"]          # the trace shows the image's tokens
     text = server.chat("vlm", messages=[{"role": "user", "content": "Hello"}], max_tokens=8).json()
     assert text["choices"][0]["finish_reason"] in ("length", "stop")
     green = [{"type": "image_url", "image_url": {"url": data_url((20, 200, 30))}},
