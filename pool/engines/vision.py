@@ -51,6 +51,11 @@ class _Job:
     steps: Iterator[Any]          # mlx-vlm's stream_generate for this request
     state: Any                    # its PromptCacheState: the KV it reused and leaves behind
     scope: str | None
+    live: list                    # the KV caches it fills as it runs (counted as the engine's live KV)
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(int(getattr(c, "nbytes", 0) or 0) for c in self.live)
 
 
 class VisionEngine(EngineWorker):
@@ -178,6 +183,7 @@ class VisionEngine(EngineWorker):
     def _start(self, req: Request) -> None:
         from mlx_vlm.generate import stream_generate
         from mlx_vlm.generate.common import PromptCacheState
+        from mlx_vlm.models import cache as vlm_cache
 
         p = req.params
         try:
@@ -195,12 +201,15 @@ class VisionEngine(EngineWorker):
                 "max_tokens": p.max_tokens, "sampler": sampler(p.temperature, p.top_p),
                 "logits_processors": logits_processors(p, self.tokenizer) or None,
                 "prefill_step_size": self.prefill_step, "prompt_cache_state": state}
+            if state.cache is None:     # made here (as mlx-vlm would) so its bytes can be counted while it runs
+                options["prompt_cache"] = vlm_cache.make_prompt_cache(self._model.language_model)
+            live = state.cache if state.cache is not None else options["prompt_cache"]
             if isinstance(prompt, VisionPrompt) and images:
                 steps = stream_generate(self._model, self._processor, prompt.text, image=pil_images(images), **options)
             else:
                 steps = stream_generate(self._model, self._processor, "", input_ids=mx.array([list(prompt)]), **options)
             req.detokenizer = self.tokenizer.detokenizer
-            self._jobs.append(_Job(req, steps, state, scope))
+            self._jobs.append(_Job(req, steps, state, scope, live))
         except Exception as e:  # noqa: BLE001 - this request ends, never the engine's thread
             req.done = True
             self._outbox.emit(req, EngineError(f"could not start generation: {e}"))
@@ -217,6 +226,7 @@ class VisionEngine(EngineWorker):
                 log.exception("a vision generation step failed on %s", self.model_id)
                 self._remove(job.req)
                 self._outbox.emit(job.req, EngineError(f"generation failed: {type(e).__name__}"))
+        self._update_cache_stats()
 
     def _step(self, job: _Job) -> None:
         req = job.req
@@ -273,14 +283,15 @@ class VisionEngine(EngineWorker):
         self._outbox.flush()
 
     def _update_cache_stats(self) -> None:
-        pc = self._prompt_cache
-        if pc is not None:
-            self.cache_stats = CacheStats(prompt_cache_bytes=pc.nbytes, prompt_cache_entries=pc.entries,
-                                          prompt_cache_cap_bytes=pc.cap_bytes, hits=pc.stats.hits,
-                                          misses=pc.stats.misses, tokens_saved=pc.stats.tokens_saved)
+        pc, kv = self._prompt_cache, sum(job.kv_bytes for job in self._jobs)
+        self.cache_stats = CacheStats(kv_bytes=kv) if pc is None else CacheStats(
+            kv_bytes=kv, prompt_cache_bytes=pc.nbytes, prompt_cache_entries=pc.entries,
+            prompt_cache_cap_bytes=pc.cap_bytes, hits=pc.stats.hits, misses=pc.stats.misses,
+            tokens_saved=pc.stats.tokens_saved)
 
     def _held_bytes(self) -> int:
-        return self._weight_bytes + (self._prompt_cache.nbytes if self._prompt_cache is not None else 0)
+        return self._weight_bytes + sum(job.kv_bytes for job in self._jobs) + (
+            self._prompt_cache.nbytes if self._prompt_cache is not None else 0)
 
     def _release(self, message: str) -> None:
         self._abort_all(RequestAborted(message or "the model was unloaded", "model_unloaded"))

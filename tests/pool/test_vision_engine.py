@@ -120,3 +120,20 @@ async def test_the_load_estimate_is_within_ten_percent_of_the_measured_bytes(vlm
         assert engine.model_info["kv_layout"] is not None and engine.model_info["context_length"] == 4096
     finally:
         await engine.stop()
+
+
+async def test_running_requests_kv_is_counted_as_live_kv(vlm):
+    """The enforcer sees a vision request's KV grow: the engine counts the caches its running
+    requests fill (live KV), and none once they end."""
+    engine = VisionEngine("vlm", vlm)
+    await engine.load()
+    try:
+        seen: list[int] = []
+        tokens = await asyncio.to_thread(engine.encode_chat, chat(png((10, 90, 200))))
+        async for _ in engine.generate(tokens, SamplingParams(max_tokens=TOKENS, cache_prompt=False)):
+            seen.append(engine.cache_stats.kv_bytes)
+        assert max(seen) > 0, seen
+        await asyncio.sleep(0.2)
+        assert engine.cache_stats.kv_bytes == 0
+    finally:
+        await engine.stop()
