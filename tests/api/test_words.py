@@ -95,7 +95,8 @@ def test_every_core_error_has_a_row():
     core = {v for v in vars(pool.errors).values() if isinstance(v, type) and issubclass(v, PoolError)}
     # each a subclass of a row's class
     assert core - set(ERRORS) <= {ContextLengthExceeded, WrongKind, ModelTooLarge, ModelQueueFull, ServerNotReady,
-                                  pool.errors.DatabaseBusy, pool.errors.HostUnavailable}
+                                  pool.errors.DatabaseBusy, pool.errors.HostUnavailable, pool.errors.InvalidImage,
+                                  pool.errors.ModelCannotSeeImages}
 
 
 def test_responses_carry_retry_after_for_busy_and_no_retry_for_the_hopeless():
