@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, AsyncGenerator
 
 from .protocol import Chunk, SamplingParams, TokenLogprob
 from .stops import find_stop, holdback, stop_found
@@ -101,6 +101,26 @@ def _hand_over(batch: list[tuple[Request, list]]) -> None:
     for req, items in batch:
         req.arrived.extend(items)
         req.ready.set()
+
+
+async def received(first: Request, *, choices: int = 1) -> AsyncGenerator[Chunk, None]:
+    """On the event loop: the chunks the engine thread hands `first` (and the choices that share its
+    mailbox), coalesced, until every choice has finished; an error it hands over is raised."""
+    unfinished = choices
+    while True:
+        if not first.arrived:
+            await first.ready.wait()
+        first.ready.clear()
+        items = coalesced(first.arrived)
+        first.arrived.clear()
+        for item in items:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item.finish_reason is not None:
+                unfinished -= 1
+                if not unfinished:
+                    return
 
 
 def coalesced(items: list) -> list:

@@ -14,6 +14,7 @@ import itertools
 import logging
 import threading
 import time
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
@@ -23,7 +24,7 @@ from mlx_lm.generate import generation_stream
 from .admission import Arrivals, PromptEncoding
 from .checkpoints import positions
 from .engine_cache import PromptCaching
-from .generation_request import Outbox, Request, coalesced
+from .generation_request import Outbox, Request, received
 from .grammar import prepare as prepare_grammar
 from .lanes import BatchLane, SoloLane, new_cache, prefill_chunk
 from .loading import fill_weights, model_info, open_model
@@ -105,22 +106,10 @@ class TextEngine(PromptEncoding, PromptCaching, EngineWorker):
         self.arrivals.arrived()     # before the post: the engine thread never waits for this one
         if not self._post(lambda: self._insert(choices), refused=functools.partial(self._refuse, choices)):
             raise unloaded()
-        unfinished = len(choices)
         try:
-            while True:
-                if not first.arrived:
-                    await first.ready.wait()
-                first.ready.clear()
-                items = coalesced(first.arrived)
-                first.arrived.clear()
-                for item in items:
-                    if isinstance(item, BaseException):
-                        raise item
-                    yield item
-                    if item.finish_reason is not None:
-                        unfinished -= 1
-                        if not unfinished:
-                            return
+            async with aclosing(received(first, choices=len(choices))) as chunks:
+                async for chunk in chunks:
+                    yield chunk
         finally:
             for req in choices:
                 if not req.done:

@@ -16,6 +16,7 @@ import functools
 import logging
 import threading
 import time
+from contextlib import aclosing
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterator
@@ -23,7 +24,7 @@ from typing import Any, AsyncIterator, Callable, Iterator
 import mlx.core as mx
 
 from ..catalog.kinds import config_context_length, read_json
-from .generation_request import Outbox, Request, coalesced
+from .generation_request import Outbox, Request, received
 from .loading import fill_weights, model_info, tokenizer_for
 from .processors import logits_processors, sampler
 from .prompt_cache import PromptCache, make_prompt_cache_store
@@ -140,18 +141,9 @@ class VisionEngine(EngineWorker):
         if not self._post(lambda: self._start(req), refused=lambda e: self._outbox.emit(req, e)):
             raise unloaded()
         try:
-            while True:
-                if not req.arrived:
-                    await req.ready.wait()
-                req.ready.clear()
-                items = coalesced(req.arrived)
-                req.arrived.clear()
-                for item in items:
-                    if isinstance(item, BaseException):
-                        raise item
-                    yield item
-                    if item.finish_reason is not None:
-                        return
+            async with aclosing(received(req)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
         finally:
             if not req.done:
                 self._post(functools.partial(self._remove, req))
