@@ -173,9 +173,10 @@ def _check_prompt_size(spec: CompletionSpec, context: int, chars_per_token: int)
 def _check_vision(spec: CompletionSpec, entry: Entry) -> None:
     """Images only for a model that sees them: refused before any wait or load. A vision model's
     engine (mlx-vlm's stream_generate) makes one answer per request."""
-    if has_images(spec.messages) and "vision" not in model_card(entry.path, entry.kind)["capabilities"]:
+    sees = "vision" in model_card(entry.path, entry.kind)["capabilities"]
+    if has_images(spec.messages) and not sees:
         raise ModelCannotSeeImages(model=entry.id)
-    if spec.n > 1 and "vision" in model_card(entry.path, entry.kind)["capabilities"]:
+    if spec.n > 1 and sees:
         raise InvalidRequest(f"The model '{entry.id}' makes one answer per request; 'n' must be 1.", param="n")
 
 
