@@ -94,16 +94,14 @@ class ModelSlots:
     def release(self, model_id: str, key: str | None = None) -> None:
         m = self._models[model_id]
         m.running[key] -= 1
-        while m.waiters:
-            live = [w for w in m.waiters if not w.future.done()]   # a cancelled one stays until its task runs
-            if not live:
-                m.waiters.clear()
-                break
+        live = [w for w in m.waiters if not w.future.done()]   # a cancelled one stays until its task runs
+        if live:
             chosen = live[next_waiter([w.key for w in live], m.running, limit=self.limit, share=self.share)]
             m.waiters.remove(chosen)
             chosen.future.set_result(None)    # the slot changes hands: the running total stays as it is
             m.running[chosen.key] += 1
-            break
+        else:
+            m.waiters.clear()
         m.running = +m.running                # drop keys that run nothing
         self.on_change(model_id)
 
