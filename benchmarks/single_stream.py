@@ -101,14 +101,17 @@ def main():
         sides = {server.name: (lambda s=server: server_run(s, prompt, args.tokens)) for server in servers}
         raw = "raw mlx_lm.stream_generate"
         sides[raw] = lambda: raw_run(raw_model, tokenizer, prompt, args.tokens)
-        for run in sides.values():
-            run()                            # load and warm up
+        for name, run in sides.items():      # load and warm up
+            cold = run()
+            print(f"  {name:28} first run (cold): TTFT {cold[1] * 1000:.1f} ms, {cold[0]:.2f} decode tok/s", flush=True)
         for server in servers:
             server.wait_warm()
         runs: dict[str, list[tuple]] = {name: [] for name in sides}
-        for _ in range(args.runs):
+        for i in range(args.runs):
             for name, run in sides.items():
                 runs[name].append(run())
+                print(f"  {name:28} run {i + 1}: TTFT {runs[name][-1][1] * 1000:.1f} ms, "
+                      f"{runs[name][-1][0]:.2f} decode tok/s", flush=True)
         ours = {s.name: breakdown(s, [r[2] for r in runs[s.name]], [r[1] for r in runs[s.name]])
                 for s in servers if s.name.startswith("omlx-site")}
     finally:
