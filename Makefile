@@ -105,6 +105,8 @@ bench-architectures: setup
 	$(PY) benchmarks/architectures.py
 
 bench-vision: setup
+	# mlx_vlm.server's imports, for this benchmark only (not runtime deps): fastapi, and mlx-audio's numpy-only audio_io
+	$(PY) -m pip install -q fastapi && $(PY) -m pip install -q --no-deps 'mlx-audio==0.6.2'
 	$(PY) benchmarks/vision.py
 
 bench-resume: setup

@@ -1,5 +1,5 @@
 """The servers a benchmark compares, started on free ports over one model folder: omlx-site
-(`manage.py serve` on a fresh OMLX_HOME, as a user runs it) and mlx_lm.server; the streamed chat
+(`manage.py serve` on a fresh OMLX_HOME, as a user runs it), mlx_lm.server and mlx_vlm.server; the streamed chat
 clients (blocking, and asyncio for many at once) and the statistics the benchmarks print."""
 
 from __future__ import annotations
@@ -197,3 +197,23 @@ def start_mlx_lm(model: Path, *extra_args: str) -> Running:
     url = f"http://127.0.0.1:{port}"
     _wait(url, proc, "/v1/models")
     return Running("mlx_lm.server", proc, url, str(model))
+
+
+def start_mlx_vlm(model: Path) -> Running:
+    """mlx_vlm.server with `model` loaded at startup, offline; its requests name the model by this path.
+    One that exits before it answers raises with the last line it printed (a module it lacks, say)."""
+    port = free_port()
+    out = tempfile.TemporaryFile()
+    proc = subprocess.Popen([sys.executable, "-m", "mlx_vlm.server", "--model", str(model), "--host", "127.0.0.1",
+                             "--port", str(port), "--log-level", "WARNING"],
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait(url, proc, "/v1/models")
+    except RuntimeError as e:
+        proc.kill()
+        proc.wait()
+        out.seek(0)
+        lines = out.read().decode(errors="replace").strip().splitlines()
+        raise RuntimeError(f"{e}: {lines[-1] if lines else 'it printed nothing'}") from None
+    return Running("mlx_vlm.server", proc, url, str(model))
