@@ -11,13 +11,14 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.background_stream import BackgroundStream
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub from a test
@@ -84,6 +85,21 @@ def make_model(session_dir, demo_model_dir):
         with built_once(out) as missing:
             if missing:
                 make_fixture_model(out, size_mb, tokenizer_from=demo_model_dir, seed=seed, arch=arch)
+        return out
+    return make
+
+
+@pytest.fixture(scope="session")
+def make_adapter(session_dir):
+    """make_adapter(name, base_folder, strength=0.05, seed=0, **options) -> a random-weight LoRA adapter
+    folder over that base (pool/catalog/fixture_adapters.py), built once per run."""
+    from pool.catalog.fixture_adapters import make_fixture_adapter
+
+    def make(name: str, base: Path, strength: float = 0.05, seed: int = 0, **options) -> Path:
+        out = session_dir / "adapters" / name
+        with built_once(out / "adapters.safetensors") as missing:
+            if missing:
+                make_fixture_adapter(out, base, strength=strength, seed=seed, **options)
         return out
     return make
 
@@ -253,35 +269,6 @@ class Server(ServerCalls):
         kw.setdefault("timeout", 120)
         self.clients.append(Anthropic(base_url=self.url, **kw))
         return self.clients[-1]
-
-
-class BackgroundStream:
-    def __init__(self, server: ServerCalls, model: str):
-        self.lines: list[str] = []
-        self._closing = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(server, model), daemon=True)
-        self._thread.start()
-
-    def _run(self, server: ServerCalls, model: str) -> None:
-        body = {"model": model, "prompt": "x", "max_tokens": 8000, "stream": True}   # fits the 8192 context
-        with server.stream_request("POST", "/v1/completions", json=body, headers=server.headers, timeout=60) as r:
-            for line in r.iter_lines():
-                self.lines.append(line)
-                if self._closing.is_set():
-                    return  # closes the connection: the server forgets the request
-
-    def close(self, timeout: float = 20) -> None:
-        self._closing.set()
-        self.join(timeout)
-
-    def join(self, timeout: float = 20) -> None:
-        self._thread.join(timeout)
-        assert not self._thread.is_alive(), "the stream did not end"
-
-    def ended_with_error(self, code: str) -> bool:
-        """The SSE ended as an aborted request does: an error chunk, then [DONE]."""
-        data = [line for line in self.lines if line.startswith("data: ")]
-        return len(data) >= 2 and f'"{code}"' in data[-2] and data[-1] == "data: [DONE]"
 
 
 # A random-weight fixture never says EOS: a request without max_tokens would generate to the end of

@@ -195,6 +195,8 @@ class FakeEngines:
         return self.specs.get(model_id, Spec())
 
     def memory_bytes(self, model_id: str, path: Path) -> int:
+        if (path / "adapters.safetensors").is_file():       # adapter_folder's
+            return (path / "adapters.safetensors").stat().st_size
         return json.loads((path / "config.json").read_text()).get("fake_bytes", 0)
 
     def __call__(self, kind, model_id: str, path: Path, **options):
@@ -214,6 +216,18 @@ def model_folders(root: Path, **sizes: int) -> Path:
         with open(folder / "model.safetensors", "wb") as f:
             f.truncate(size)
     return root
+
+
+def adapter_folder(root: Path, name: str, base: str, size: int) -> Path:
+    """An adapter folder over the model folder `root/base` (mlx-lm's files; a sparse weights file)."""
+    folder = root / name
+    folder.mkdir(parents=True)
+    config = {"model": str((root / base).resolve()), "fine_tune_type": "lora", "num_layers": 4,
+              "lora_parameters": {"rank": 8, "scale": 20.0, "dropout": 0.0}}
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    with open(folder / "adapters.safetensors", "wb") as f:
+        f.truncate(size)
+    return folder
 
 
 class Core:

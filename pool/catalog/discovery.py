@@ -2,7 +2,8 @@
 
 Layouts: flat `dir/<name>/`, organised `dir/<org>/<name>/` (id `<name>`), and the Hugging Face
 cache `dir/models--Org--Name/snapshots/<rev>/`, resolved through `refs/main` (id `Org/Name`).
-Adapter folders (adapter_config.json) are skipped. The first folder found for an id wins. A folder
+An adapter folder (adapter_config.json, catalog/adapters.py) is the model `<base id>:<folder name>` when
+its base is found, else skipped with a warning. The first folder found for an id wins. A folder
 whose id is not a usable name (model_ids.id_problem: empty, `.`, `..`, control characters) is
 skipped with a warning: no client could name it, and paths derived from ids must stay sane.
 Each folder is of one kind of model (pool/catalog/kinds.py: a chat model or an embedding model).
@@ -17,7 +18,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from .kinds import CHAT, Kind, folder_kind
+from .adapters import ADAPTER_WEIGHTS, adapter_problem, find_base, is_adapter_folder
+from .kinds import ADAPTER, CHAT, Kind, folder_kind
 from .model_ids import id_problem
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,8 @@ class ModelFolder:
     size_bytes: int
     dense_bytes: int | None = None   # float32 size once dequantized; None when not quantized
     kind: Kind = CHAT
+    base: str | None = None          # an adapter's base model id
+    base_path: Path | None = None    # ... and its folder (what the adapter's card reads)
 
 
 def is_model_folder(path: Path) -> bool:
@@ -105,7 +109,7 @@ def _candidates(root: Path):
             snapshot = _hf_snapshot(child)
             if snapshot is not None:
                 yield "/".join(child.name.removeprefix("models--").split("--", 1)), snapshot
-        elif (child / "config.json").is_file():
+        elif (child / "config.json").is_file() or is_adapter_folder(child):
             yield child.name, child
         else:
             for grandchild in sorted(child.iterdir()):
@@ -115,17 +119,43 @@ def _candidates(root: Path):
 
 def discover(dirs: list[Path]) -> dict[str, ModelFolder]:
     found: dict[str, ModelFolder] = {}
+    adapters: list[tuple[str, Path]] = []
     for root in dirs:
         if not root.is_dir():
             continue
         for model_id, path in _candidates(root):
+            if is_adapter_folder(path):
+                adapters.append((model_id, path))
+                continue
             if not is_model_folder(path):
                 continue
-            if (problem := id_problem(model_id)) is not None:
-                log.warning("skipping model folder %s: its id %r is not usable (%s)", path, model_id, problem)
-                continue
-            if model_id in found:
-                log.warning("model id %r found twice; keeping %s, ignoring %s", model_id, found[model_id].path, path)
-                continue
-            found[model_id] = ModelFolder(model_id, path, weights_size(path), dense_size(path), folder_kind(path))
+            if _usable(model_id, path, found):
+                found[model_id] = ModelFolder(model_id, path, weights_size(path), dense_size(path), folder_kind(path))
+    for name, path in adapters:       # once every base is known, wherever it lives
+        _add_adapter(name, path, found)
     return found
+
+
+def _add_adapter(name: str, path: Path, found: dict[str, ModelFolder]) -> None:
+    if (problem := adapter_problem(path)) is not None:
+        log.warning("skipping adapter folder %s: %s", path, problem)
+        return
+    bases = {model_id: folder.path for model_id, folder in found.items() if folder.kind == CHAT}
+    base = find_base(path, bases)
+    if base is None:
+        log.warning("skipping adapter folder %s: its base model is not among the chat models found", path)
+        return
+    model_id = f"{base}:{name}"
+    if _usable(model_id, path, found):
+        found[model_id] = ModelFolder(model_id, path, (path / ADAPTER_WEIGHTS).stat().st_size, None, ADAPTER,
+                                      base=base, base_path=found[base].path)
+
+
+def _usable(model_id: str, path: Path, found: dict[str, ModelFolder]) -> bool:
+    if (problem := id_problem(model_id)) is not None:
+        log.warning("skipping model folder %s: its id %r is not usable (%s)", path, model_id, problem)
+        return False
+    if model_id in found:
+        log.warning("model id %r found twice; keeping %s, ignoring %s", model_id, found[model_id].path, path)
+        return False
+    return True

@@ -91,8 +91,14 @@ VISION = Kind("vision", "a vision model", detects=_is_vision, engine="pool.engin
               protocol=GENERATE, capabilities=("chat", "completions", "tools", "structured_output", "vision"),
               keeps_kv=True, context_length=lambda folder, config: config_context_length(config), serves=("chat",))
 
+# a LoRA / DoRA adapter over a chat model (catalog/adapters.py): the base's weights, shared, and its own;
+# its card (context length) is read from its base's folder
+ADAPTER = Kind("adapter", "an adapter", detects=lambda folder, config: (folder / "adapter_config.json").is_file(),
+               engine="pool.engines.adapter:AdapterEngine", protocol=GENERATE, capabilities=CHAT.capabilities,
+               keeps_kv=True, context_length=lambda folder, config: config_context_length(config), serves=("chat",))
+
 # In the order folders are tried: the most particular first; chat takes any other model folder.
-KINDS: dict[str, Kind] = {kind.name: kind for kind in (EMBEDDINGS, VISION, CHAT)}
+KINDS: dict[str, Kind] = {kind.name: kind for kind in (ADAPTER, EMBEDDINGS, VISION, CHAT)}
 
 
 def folder_kind(folder: Path) -> Kind:

@@ -66,6 +66,7 @@ class TextEngine(PromptEncoding, PromptCaching, EngineWorker):
         self._kv_reported = 0
         self._model = None
         self._tokenizer = None
+        self._config: dict = {}
         self._lanes: dict[Any, BatchLane | SoloLane] = {}    # KVConfig, or ("solo", n) for quantized KV
         self._solo_ids = itertools.count()
         self._stop_tokens: list[list[int]] = []
@@ -123,14 +124,9 @@ class TextEngine(PromptEncoding, PromptCaching, EngineWorker):
 
     def _open(self, memory_free: threading.Event | None) -> LoadResult:
         started = time.perf_counter()
-        model, tokenizer, config = open_model(self.path, dequantize=self._load_options.dequantize)
-        self._model, self._tokenizer = model, tokenizer
-        if memory_free is not None:
-            memory_free.wait()
-        if self.abort_load:
-            raise LoadAborted("load aborted: process memory pressure")
-        # the weights' own bytes, not MLX's active-memory delta: other engines allocate meanwhile
-        weight_bytes = self._weight_bytes = fill_weights(model, self._load_options.group_bytes, self.load_progress)
+        model, tokenizer, config, weight_bytes = self._read_model(memory_free)
+        self._model, self._tokenizer, self._config = model, tokenizer, config
+        self._weight_bytes = weight_bytes
         self.model_info = model_info(model, config)
         self._prompt_cache = make_prompt_cache_store(self.model_id, self.path, self._cache_options,
                                                      on_written=lambda: self._post(self._update_cache_stats),
@@ -141,6 +137,22 @@ class TextEngine(PromptEncoding, PromptCaching, EngineWorker):
                                     self._load_options, model_id=self.model_id)
         return LoadResult(measured_bytes=weight_bytes,
                           seconds=time.perf_counter() - started, model_info=self.model_info)
+
+    def parts(self) -> tuple[Any, Any, dict]:
+        """(model, tokenizer, config) once loaded, for an adapter over this model (engines/adapter.py):
+        set once by the load, read from another engine's thread."""
+        return self._model, self._tokenizer, self._config
+
+    def _read_model(self, memory_free: threading.Event | None) -> tuple[Any, Any, dict, int]:
+        """(model, tokenizer, config, the bytes its weights took), the weights read once `memory_free`."""
+        model, tokenizer, config = open_model(self.path, dequantize=self._load_options.dequantize)
+        self._model, self._tokenizer = model, tokenizer
+        if memory_free is not None:
+            memory_free.wait()
+        if self.abort_load:
+            raise LoadAborted("load aborted: process memory pressure")
+        # the weights' own bytes, not MLX's active-memory delta: other engines allocate meanwhile
+        return model, tokenizer, config, fill_weights(model, self._load_options.group_bytes, self.load_progress)
 
     @property
     def _trimmable(self) -> bool:

@@ -123,7 +123,7 @@ class EngineWorker:
                 release_memory()
                 settle(loop, future, error=e)
                 return
-            self._watched = Watched.of(getattr(self, "_model", None))
+            self._watched = self._watch()
             settle(loop, future, result)
             self._serve()
         finally:
@@ -208,6 +208,10 @@ class EngineWorker:
     def _release(self, message: str) -> None:
         """End what runs before the model is dropped (requests, caches); synchronize MLX."""
         mx.synchronize()
+
+    def _watch(self) -> Watched:
+        """What a release must let go of: the model and its weights."""
+        return Watched.of(getattr(self, "_model", None))
 
     def _drop_model(self) -> None:
         """Let go of the model and everything that refers to it; the release (gc, the cache) follows."""

@@ -27,8 +27,10 @@ from ..policy.load_plan import LoadPlan, ModelView, auto_model_budget, fits_once
 from ..policy.load_progress import LoadRate
 from ..policy.vocabulary import ActionKind, Change, ModelState, Reason, Refusal
 from ..traces.trace import for_request
+from .adapter_links import base_held, unload_adapters
 from .engine_options import engine_options, prompt_cache_cap, wants_dequantize
 from .entries import Entry
+from .pool_lifecycle import PoolLifecycle
 from .release_row import unload_fields
 
 log = logging.getLogger(__name__)
@@ -41,7 +43,7 @@ def make_engine(kind: Kind, model_id: str, path: Path, **options: Any) -> Any:
     return kind.make_engine(model_id, path, **options)
 
 
-class EnginePool:
+class EnginePool(PoolLifecycle):
     def __init__(self, conf, probe, *, clock: Callable[[], float] = time.time, events: EventLog | None = None,
                  engine_maker: EngineMaker = make_engine):
         self.conf = conf
@@ -74,7 +76,7 @@ class EnginePool:
                 continue
             dense = wants_dequantize(self.conf, folder, self.probe.read().capacity)
             entry = Entry(model_id, folder.path, folder.dense_bytes if dense else folder.size_bytes,
-                          kind=folder.kind, dequantize=dense)
+                          kind=folder.kind, dequantize=dense, base=folder.base, base_path=folder.base_path)
             if old is not None:
                 entry.pinned, entry.ttl_seconds = old.pinned, old.ttl_seconds
                 entry.model_settings, entry.measured_bytes = old.model_settings, old.measured_bytes
@@ -143,16 +145,18 @@ class EnginePool:
         """Hold the model for one request: it is loaded if needed and never evicted meanwhile.
         Yields the engine; only the serving door (pool/serving/door.py) takes leases."""
         entry = self.entry(model_id)
-        entry.leases += 1
-        entry.last_access = self.clock()
-        entry.busy_keep_alive = idle.merge_keep_alive(entry.busy_keep_alive, keep_alive)
-        self.events.changed(Change.REQUEST_START, entry.id)
-        try:
-            yield await self._ensure_loaded(entry, requested_by=entry.id)
-        finally:
-            self._end_lease(entry)
+        async with base_held(self, entry):
+            entry.leases += 1
+            entry.last_access = self.clock()
+            entry.busy_keep_alive = idle.merge_keep_alive(entry.busy_keep_alive, keep_alive)
+            self.events.changed(Change.REQUEST_START, entry.id)
+            try:
+                yield await self.ensure_loaded(entry, requested_by=entry.id)
+            finally:
+                self.end_lease(entry)
 
-    def _end_lease(self, entry: Entry) -> None:
+    def end_lease(self, entry: Entry, *, request: bool = True) -> None:
+        """A lease ends: a request's, or (not `request`) an adapter's hold on its base."""
         entry.leases = max(0, entry.leases - 1)
         if entry.leases == 0:
             entry.idle_since = self.clock()
@@ -160,15 +164,17 @@ class EnginePool:
             if entry.keep_alive == 0 and entry.state == State.LOADED and not entry.pinned:
                 self._mark_unloading(entry)     # now: a lease taken before the task runs would get an engine it stops
                 self._spawn(self.unload_entry(entry, reason=Reason.KEEP_ALIVE))
-        self.events.changed(Change.REQUEST_END, entry.id)
+        if request:
+            self.events.changed(Change.REQUEST_END, entry.id)
         self._wake_loads()
 
     async def load(self, model_id: str) -> Entry:
         entry = self.entry(model_id)
-        await self._ensure_loaded(entry, requested_by=None)
+        async with base_held(self, entry):
+            await self.ensure_loaded(entry, requested_by=None)
         return entry
 
-    async def _ensure_loaded(self, entry: Entry, *, requested_by: str | None) -> Any:
+    async def ensure_loaded(self, entry: Entry, *, requested_by: str | None) -> Any:
         waited = 0.0                     # seconds spent waiting for busy models to make room
         while True:
             if entry.state == State.LOADED:
@@ -234,10 +240,14 @@ class EnginePool:
 
     def _engine_options(self, entry: Entry) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
-        return engine_options(self.conf, entry, prompt_cache_bytes=int(self.prompt_cache_cap() * self.cache_fraction),
-                              # from the engine thread: its running requests' KV grew by a step
-                              on_kv_growth=lambda kv_bytes: loop.call_soon_threadsafe(
-                                  self.events.changed, Change.KV_GROWTH, entry.id))
+        cache_bytes = int(self.prompt_cache_cap() * self.cache_fraction)
+        options = engine_options(self.conf, entry, prompt_cache_bytes=cache_bytes,
+                                 # from the engine thread: its running requests' KV grew by a step
+                                 on_kv_growth=lambda kv_bytes: loop.call_soon_threadsafe(
+                                     self.events.changed, Change.KV_GROWTH, entry.id))
+        if entry.base is not None:       # held loaded by base_held
+            options["base"] = self.entries[entry.base].engine
+        return options
 
     async def _load(self, entry: Entry, plan: LoadPlan, requested_by: str | None) -> None:
         future = entry.load_future
@@ -330,10 +340,11 @@ class EnginePool:
                 on_released()
             return
         self.events.changed(Change.UNLOAD_START, entry.id)
+        engine, entry.engine = entry.engine, None
+        await unload_adapters(self, entry, reason, requested_by)
         started = time.perf_counter()
         before = self.probe.read()
         quiet = self._others_idle(entry)
-        engine, entry.engine = entry.engine, None
         try:
             release = await engine.stop(message or f"the model was unloaded ({reason})")
             after = self.probe.read()       # before a load waiting for this memory takes it
@@ -365,36 +376,3 @@ class EnginePool:
 
     def next_expiry_in(self) -> float | None:
         return idle.next_expiry_in(self.views(), self.clock())
-
-    # ---- start and stop ------------------------------------------------------------------------
-
-    async def preload_pinned(self) -> None:
-        for entry in list(self.entries.values()):
-            if entry.pinned and entry.state == State.UNLOADED:
-                self._spawn(self._quiet(self.load(entry.id)))
-
-    def end_requests(self, message: str, code: str) -> None:
-        """Every running request ends with this error; the models stay loaded."""
-        for entry in self.entries.values():
-            if entry.engine is not None:
-                entry.engine.abort_all(message, code)
-
-    async def shutdown(self) -> None:
-        await asyncio.gather(*(e.load_future for e in self.entries.values()
-                               if e.state == State.LOADING and e.load_future), return_exceptions=True)
-        for entry in self.entries.values():
-            if entry.engine is not None:
-                await entry.engine.stop("the server is shutting down")
-                entry.engine, entry.state = None, State.UNLOADED
-
-    def _spawn(self, coro) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    @staticmethod
-    async def _quiet(coro) -> None:
-        try:
-            await coro
-        except Exception as e:  # noqa: BLE001 - a pinned model that cannot load is shown as failed
-            log.warning("background load failed: %s", e)

@@ -22,6 +22,8 @@ class Entry:
     size_bytes: int                          # what a load will take (dense when it is to be dequantized)
     kind: Kind = CHAT
     dequantize: bool = False                 # serve it as float32 (decided once, at discovery)
+    base: str | None = None                  # an adapter's base model (catalog/adapters.py)
+    base_path: Path | None = None
     state: ModelState = ModelState.UNLOADED
     measured_bytes: int | None = None
     engine: Any = None                       # an engines.protocol.Engine of its kind's protocol
@@ -47,6 +49,11 @@ class Entry:
         return self.model_settings.get("alias") or None
 
     @property
+    def card_folder(self) -> Path:
+        """The folder whose config describes it (catalog.kinds.model_card): an adapter's base's."""
+        return self.base_path or self.path
+
+    @property
     def hidden(self) -> bool:
         return bool(self.model_settings.get("is_hidden"))
 
@@ -69,7 +76,7 @@ class Entry:
         return ModelView(id=self.id, state=self.state, size_bytes=self.size_bytes, measured_bytes=self.measured_bytes,
                          pinned=self.pinned, leases=self.leases, last_access=self.last_access,
                          idle_since=self.idle_since, ttl_seconds=ttl, keep_alive=self.keep_alive,
-                         marked_for_unload=self.marked_for_unload)
+                         marked_for_unload=self.marked_for_unload, base=self.base)
 
     def shown_failure(self, error: BaseException) -> str:
         """A load error as clients see it: files named inside the model's folder, never by absolute

@@ -32,7 +32,7 @@ def kv_layout(entry, context_length: int | None) -> dict[str, Any] | None:
 def model_row(entry, view: ModelView, rank: int | None, now: float, cache: CacheStats | None,
               slots: tuple[int, int] = (0, 0)) -> dict[str, Any]:
     loaded = entry.state == ModelState.LOADED
-    card = model_card(entry.path, entry.kind)
+    card = model_card(entry.card_folder, entry.kind)
     return {
         "id": entry.id,
         "alias": entry.alias,

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from .load_plan import ModelView
+from .load_plan import ModelView, with_adapters
 from .vocabulary import ModelState, Reason
 
 
 def expired(models: list[ModelView], now: float) -> list[tuple[str, Reason]]:
     """(id, reason) of loaded, idle, unpinned models whose keep_alive or TTL has run out."""
     due = []
-    for model in models:
+    for model in with_adapters(models):      # a base stays while an adapter of it is pinned
         limit = _idle_limit(model)
         if limit is not None and _idle_seconds(model, now) >= limit[0]:
             due.append((model.id, limit[1]))

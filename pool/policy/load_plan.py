@@ -23,6 +23,7 @@ class ModelView:
     ttl_seconds: float | None = None  # effective idle TTL; None = never
     keep_alive: float | None = None  # seconds; 0 = unload now; -1 = until evicted; None = use ttl
     marked_for_unload: Reason | None = None  # set by the enforcer's emergency rung
+    base: str | None = None  # an adapter's base model: loaded while the adapter is, unloaded after it
 
     @property
     def footprint(self) -> int:
@@ -43,8 +44,23 @@ def is_evictable(model: ModelView) -> bool:
 
 
 def lru_victims(models: list[ModelView]) -> list[ModelView]:
-    """Idle, unpinned, loaded models, least recently used first (ties by id)."""
-    return sorted(filter(is_evictable, models), key=lambda m: (m.last_access, m.id))
+    """Idle, unpinned, loaded models, least recently used first (ties: adapters first, then by id).
+    A base is used whenever its adapters are (with_adapters), so its adapters always come before it."""
+    return sorted(filter(is_evictable, with_adapters(models)), key=lambda m: (m.last_access, m.base is None, m.id))
+
+
+def with_adapters(models: list[ModelView]) -> list[ModelView]:
+    """Each base as its resident adapters make it: used when one was, pinned while one is, busy
+    while one loads (an adapter is served over its base's weights: the base goes last)."""
+    adapters: dict[str, list[ModelView]] = {}
+    for m in models:
+        if m.base is not None and m.resident:
+            adapters.setdefault(m.base, []).append(m)
+    return [m if m.id not in adapters else
+            replace(m, last_access=max([m.last_access] + [a.last_access for a in adapters[m.id]]),
+                    pinned=m.pinned or any(a.pinned for a in adapters[m.id]),
+                    leases=m.leases + sum(a.state != ModelState.LOADED for a in adapters[m.id]))
+            for m in models]
 
 
 def lru_ranks(models: list[ModelView]) -> dict[str, int]:
@@ -108,7 +124,7 @@ def plan_load(
     size = target.size_bytes
     with_headroom_bytes = int(size * (1 + headroom))
     candidates = lru_victims(others)
-    blockers = [m for m in others if not is_evictable(m)]
+    blockers = [m for m in with_adapters(others) if not is_evictable(m)]
 
     def refuse(code: Refusal, message: str) -> LoadPlan:
         return plan(False, message, code=code, needed=with_headroom_bytes, blockers=tuple(m.id for m in blockers))
@@ -129,14 +145,20 @@ def plan_load(
                                                        f"budget {format_bytes(budget)}")
         memory_count = fitted
 
-    count_needed = max(0, len(others) + 1 - max_loaded) if max_loaded > 0 else 0
-    if count_needed > len(candidates):
+    # adapters are not counted against OMLX_MAX_LOADED_MODELS: their base is
+    counted = [m for m in others if m.base is None]
+    count_needed = max(0, len(counted) + 1 - max_loaded) if max_loaded > 0 and target.base is None else 0
+    if count_needed > sum(m.base is None for m in candidates):
         return refuse(Refusal.TOO_MANY_MODELS,
                       f"cannot load '{target_id}': at most {max_loaded} model{'s' if max_loaded > 1 else ''} "
                       f"may be loaded and {_describe_blockers(blockers)}")
 
+    taken, models_taken = 0, 0
+    while taken < memory_count or models_taken < count_needed:
+        models_taken += candidates[taken].base is None
+        taken += 1
     victims = tuple(Victim(m.id, Reason.LRU if i < memory_count else Reason.COUNT_CAP)
-                    for i, m in enumerate(candidates[: max(memory_count, count_needed)]))
+                    for i, m in enumerate(candidates[:taken]))
     return plan(True, _describe_fit(target_id, size, headroom, with_headroom, victims, budget),
                 victims=victims, with_headroom=with_headroom, needed=needed)
 

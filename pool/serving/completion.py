@@ -155,7 +155,7 @@ async def count_tokens(door: Door, model_id: str, spec: CompletionSpec) -> int:
 
 def context_length(entry: Entry, fallback: int) -> int:
     """The model's context length (its config.json, read without loading it)."""
-    return limits.context_length(model_card(entry.path, entry.kind)["context_length"], fallback)
+    return limits.context_length(model_card(entry.card_folder, entry.kind)["context_length"], fallback)
 
 
 def _check_prompt_size(spec: CompletionSpec, context: int, chars_per_token: int) -> None:
@@ -173,7 +173,7 @@ def _check_prompt_size(spec: CompletionSpec, context: int, chars_per_token: int)
 def _check_vision(spec: CompletionSpec, entry: Entry) -> None:
     """Images only for a model that sees them: refused before any wait or load. A vision model's
     engine (mlx-vlm's stream_generate) makes one answer per request."""
-    sees = "vision" in model_card(entry.path, entry.kind)["capabilities"]
+    sees = "vision" in model_card(entry.card_folder, entry.kind)["capabilities"]
     if has_images(spec.messages) and not sees:
         raise ModelCannotSeeImages(model=entry.id)
     if spec.n > 1 and sees:

@@ -16,7 +16,7 @@ import pytest
 
 from pool.fleet.member import FleetMember
 from pool.policy.vocabulary import Change
-from tests.conftest import BackgroundStream
+from tests.background_stream import BackgroundStream
 from tests.fleet.hosts import Fleet, error_of, hosts_seen, model_row, small_models, sse_data, states, wait_until
 
 BIG_MB = 400        # a load that takes a moment: long enough to kill its host in the middle of it

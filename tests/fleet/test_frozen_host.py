@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from pool.fleet.silence import health_seconds
-from tests.conftest import BackgroundStream
+from tests.background_stream import BackgroundStream
 from tests.fleet.hosts import Fleet, error_of, small_models, sse_data, wait_until
 
 DEADLINE = 3.0

@@ -10,7 +10,7 @@ import hashlib
 import json
 import math
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,29 @@ class Card:
 
 def card(path: Path) -> Card:
     return _card(str(path), _stamp(path))
+
+
+def model_facts(model) -> Card:
+    """A pool entry's card. An adapter's is its base's (family, template, context) with its own
+    digest, size and date: clients tell models apart by digest."""
+    facts = card(model.card_folder)
+    if model.base is None:
+        return facts
+    own = card(model.path)
+    return replace(facts, digest=_adapter_digest(str(model.path), _stamp(model.path)), modified_at=own.modified_at,
+                   disk_bytes=own.disk_bytes)
+
+
+@functools.lru_cache(maxsize=256)
+def _adapter_digest(path_text: str, stamp: tuple) -> str:
+    """An adapter's weights are small (MBs) and alike in shape: its digest hashes their bytes."""
+    digest = hashlib.sha256()
+    for name in ("adapter_config.json", "adapters.safetensors"):
+        try:
+            digest.update((Path(path_text) / name).read_bytes())
+        except OSError:
+            pass
+    return digest.hexdigest()
 
 
 def human_number(n: int) -> str:

@@ -174,7 +174,7 @@ async def generate(request):
     target = router.resolve(req.model)
     fields = req.fields
     if req.suffix is not None:
-        tokens = fim_tokens(target.model.path)
+        tokens = fim_tokens(target.model.card_folder)
         if tokens is None:
             raise InvalidRequest(f"suffix: '{target.model_id}' has no fill-in-the-middle tokens in its tokenizer; "
                                  "use a code model that has them (Qwen2.5-Coder, StarCoder2, DeepSeek-Coder, ...)",

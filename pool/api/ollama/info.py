@@ -23,7 +23,7 @@ from ..dialects import OLLAMA
 from ..fields import json_body
 from ..key_limits import visible, visible_name
 from ..route import api_route
-from .cards import Card, card
+from .cards import Card, model_facts
 from .names import model_field, tagged
 
 # The newest Ollama release whose API these routes and /v1/* answer like (docs/api.md says why):
@@ -65,7 +65,15 @@ def _name(router: Router, model_id: str) -> str:
 def _summary(router: Router, model, facts: Card) -> dict[str, Any]:
     """What /api/tags and /api/ps both say of a model."""
     name = _name(router, model.id)
-    return {"name": name, "model": name, "digest": facts.digest, "details": facts.details()}
+    return {"name": name, "model": name, "digest": facts.digest, "details": _details(router, model, facts)}
+
+
+def _details(router: Router, model, facts: Card) -> dict[str, Any]:
+    """Ollama's `details`; an adapter names its base as `parent_model`, as a model made FROM another does."""
+    details = facts.details()
+    if model.base is not None:
+        details["parent_model"] = _name(router, model.base)
+    return details
 
 
 @api_route("GET", "HEAD", auth=require_key, dialect=OLLAMA)
@@ -75,7 +83,7 @@ async def tags(request):
     for model in router.models():
         if router.hidden(model.id) or not visible(request, model.id):
             continue
-        facts = card(model.path)
+        facts = model_facts(model)
         summary = _summary(router, model, facts)
         models.append({"name": summary["name"], "model": summary["model"], "modified_at": facts.modified_at,
                        "size": facts.disk_bytes, "digest": facts.digest, "details": summary["details"]})
@@ -129,7 +137,7 @@ async def ps(request):
         # memory, so all of it is the GPU's
         at_context = (row.get("kv_layout") or {}).get("kv_bytes_at_context") or 0
         size = (row["measured_bytes"] or row["size_bytes"]) + at_context
-        models.append({**_summary(router, model, card(model.path)), "size": size, "size_vram": size,
+        models.append({**_summary(router, model, model_facts(model)), "size": size, "size_vram": size,
                        "expires_at": expires_at(row, snapshot["time"]), "context_length": row["context_length"]})
     models += await _fleet_models(request, "/api/ps")      # a model loaded on two hosts is listed twice
     models.sort(key=lambda m: m["expires_at"], reverse=True)    # Ollama's order: the longest left first
@@ -179,14 +187,14 @@ async def show(request):
     name = model_field(body)
     router = get_runtime().router
     model = router.resolve(name).model
-    facts = card(model.path)
-    context_length = model_card(model.path, model.kind)["context_length"]
+    facts = model_facts(model)
+    context_length = model_card(model.card_folder, model.kind)["context_length"]
     params = _parameters(router, model.id, facts, context_length)
     answer: dict[str, Any] = {
         "modelfile": _modelfile(name, model.id, facts, params),
         "parameters": _parameter_text(params),
         "template": facts.template,
-        "details": facts.details(),
+        "details": _details(router, model, facts),
         "model_info": facts.model_info(context_length),
         "capabilities": [CAPABILITIES[c] for c in model.kind.capabilities if c in CAPABILITIES],
         "modified_at": facts.modified_at,

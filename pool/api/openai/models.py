@@ -18,7 +18,7 @@ def model_object(router: Router, model) -> dict:
     created = int(model.path.stat().st_mtime) if model.path.exists() else 0
     return {"id": model.id, "object": "model", "created": created, "owned_by": "omlx-site",
             "alias": router.alias(model.id), "state": model.state, "size_bytes": model.size_bytes,
-            **model_card(model.path, model.kind)}
+            **model_card(model.card_folder, model.kind), **({"parent": model.base} if model.base else {})}
 
 
 def remote_model_object(router: Router, row: dict) -> dict:

@@ -1,0 +1,100 @@
+"""AdapterEngine: a LoRA or DoRA adapter (pool/catalog/adapters.py) served over its base model.
+
+Its model is a copy of the base's module tree whose arrays are the base's own (no weight is copied),
+with mlx-lm's LoRA layers put on it (tuner.utils.linear_to_lora_layers, as mlx-lm's load_adapters
+does) and the adapter's weights loaded; the base's model is left as it was, so the base and any
+number of its adapters serve side by side. The rest (batching, the prompt cache, the warm-up) is the
+TextEngine's; its prompt cache and disk tier are its own, so one adapter's KV never serves another,
+nor the base's. The pool keeps the base loaded while an adapter of it is (pool/host/adapter_links.py).
+
+One batch never mixes adapters: mlx-lm's BatchGenerator runs one module tree over every row of a
+batch, and a LoRA layer holds one adapter; each adapter batches its own requests.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from ..catalog.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from ..catalog.kinds import read_json
+from .generator import TextEngine
+from .memory_release import Watched
+from .protocol import LoadAborted
+
+ADAPTER_LEAVES = ("lora_a", "lora_b", "m")     # what mlx-lm's LoRA and DoRA layers add
+
+
+class AdapterEngine(TextEngine):
+    def __init__(self, model_id: str, path: Path, *, base: TextEngine, **options: Any):
+        super().__init__(model_id, path, **options)
+        self._base = base
+
+    def _read_model(self, memory_free: threading.Event | None) -> tuple[Any, Any, dict, int]:
+        base_model, tokenizer, config = self._base.parts()
+        if base_model is None:
+            raise LoadAborted(f"the base model of '{self.model_id}' was unloaded")
+        if memory_free is not None:
+            memory_free.wait()
+        if self.abort_load:
+            raise LoadAborted("load aborted: process memory pressure")
+        model, own_bytes = over_base(base_model, self.path)
+        return model, tokenizer, config, own_bytes
+
+    def _watch(self) -> Watched:
+        """The adapter's own arrays: the base's stay, held by the base."""
+        return Watched(self._model, own_arrays(self._model).values()) if self._model is not None else Watched()
+
+
+def over_base(base_model: nn.Module, folder: Path) -> tuple[nn.Module, int]:
+    """(the adapter's model over `base_model`'s arrays, the bytes of the adapter's own arrays)."""
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+
+    config = read_json(folder / ADAPTER_CONFIG)
+    model = shared_copy(base_model)
+    parameters = {"dropout": 0.0, **config["lora_parameters"]}
+    linear_to_lora_layers(model, config["num_layers"], parameters,
+                          use_dora=config.get("fine_tune_type", "lora") == "dora")
+    weights = mx.load(str(folder / ADAPTER_WEIGHTS))
+    own = own_arrays(model)
+    wrong = [name for name, value in weights.items() if name not in own or value.shape != own[name].shape]
+    if wrong:
+        raise ValueError(f"{ADAPTER_WEIGHTS} does not fit its base model: {', '.join(sorted(wrong)[:3])}"
+                         + (f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""))
+    model.load_weights(list(weights.items()), strict=False)
+    model.eval()
+    own = own_arrays(model)
+    mx.eval(list(own.values()))
+    return model, sum(value.nbytes for value in own.values())
+
+
+def own_arrays(model: nn.Module) -> dict[str, mx.array]:
+    leaves = tree_flatten(model.parameters())
+    return {name: value for name, value in leaves if name.rsplit(".", 1)[-1] in ADAPTER_LEAVES}
+
+
+def shared_copy(model: nn.Module) -> nn.Module:
+    """A copy of the module tree whose arrays are the same arrays: deepcopy, told each array is its own copy."""
+    memo: dict[int, Any] = {}
+
+    def note(value: Any) -> None:
+        if isinstance(value, mx.array):
+            memo[id(value)] = value
+        elif isinstance(value, dict):       # an nn.Module is a dict of its children and arrays
+            for item in value.values():
+                note(item)
+            if isinstance(value, nn.Module):
+                for item in vars(value).values():
+                    note(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                note(item)
+
+    note(model)
+    return copy.deepcopy(model, memo)
