@@ -36,7 +36,8 @@ def model_row(entry, view: ModelView, rank: int | None, now: float, cache: Cache
     return {
         "id": entry.id,
         "alias": entry.alias,
-        "kind": entry.kind.name,  # pool/catalog/kinds.py: "chat" | "embeddings"
+        "kind": entry.kind.name,  # pool/catalog/kinds.py: "chat" | "embeddings" | "vision" | "adapter"
+        "base": entry.base,       # an adapter's base model
         **card,   # capabilities, context_length (read from the folder, cached)
         "display_name": entry.model_settings.get("display_name") or "",
         "hidden": entry.hidden,
