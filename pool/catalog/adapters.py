@@ -47,13 +47,12 @@ def find_base(path: Path, models: Mapping[str, Path]) -> str | None:
     """The id, among discovered models (id -> folder), of the base the adapter at `path` names."""
     named = str(read_json(path / ADAPTER_CONFIG).get("model", ""))
     by_folder = {folder.resolve(): model_id for model_id, folder in models.items()}
-    for candidate in (Path(named), path / named):
-        try:
-            found = by_folder.get(candidate.resolve())
-        except (OSError, ValueError):
-            found = None
-        if found is not None:
-            return found
+    try:   # an absolute path as it is, a relative one from the adapter's folder (never the process's cwd)
+        found = by_folder.get((path / named).resolve())
+    except (OSError, ValueError, RuntimeError):
+        found = None
+    if found is not None:
+        return found
     lowered = {model_id.lower(): model_id for model_id in models}
     for name in (named, named.rstrip("/").rsplit("/", 1)[-1]):
         if name in models:

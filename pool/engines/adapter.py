@@ -63,15 +63,24 @@ def over_base(base_model: nn.Module, folder: Path) -> tuple[nn.Module, int]:
                           use_dora=config.get("fine_tune_type", "lora") == "dora")
     weights = mx.load(str(folder / ADAPTER_WEIGHTS))
     own = own_arrays(model)
-    wrong = [name for name, value in weights.items() if name not in own or value.shape != own[name].shape]
+    wrong = sorted(misfit for name, value in weights.items() if (misfit := _misfit(name, value, own)))
     if wrong:
-        raise ValueError(f"{ADAPTER_WEIGHTS} does not fit its base model: {', '.join(sorted(wrong)[:3])}"
-                         + (f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""))
+        raise ValueError(f"{ADAPTER_WEIGHTS} does not fit its base model (made over another model?): "
+                         + "; ".join(wrong[:3]) + (f"; and {len(wrong) - 3} more" if len(wrong) > 3 else ""))
     model.load_weights(list(weights.items()), strict=False)
     model.eval()
     own = own_arrays(model)
     mx.eval(list(own.values()))
     return model, sum(value.nbytes for value in own.values())
+
+
+def _misfit(name: str, value: mx.array, own: dict[str, mx.array]) -> str | None:
+    """How one of the adapter's tensors does not fit the LoRA layers put on the base, or None."""
+    if name not in own:
+        return f"{name}: no such layer in the base"
+    if value.shape != own[name].shape:
+        return f"{name}: {tuple(value.shape)} where the base takes {tuple(own[name].shape)}"
+    return None
 
 
 def own_arrays(model: nn.Module) -> dict[str, mx.array]:
