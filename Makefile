@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: run test lint setup install blas browser services clients bench-cpu bench-single bench-concurrency bench-like-for-like bench-isolation bench-swap bench-enforcer bench-dashboard bench-multiturn bench-architectures bench-resume bench-kv bench-constrained bench-tracing bench-fleet bench-fleet-sim bench-vision soak soak-tests clean
+.PHONY: run test lint setup install blas browser services clients bench-cpu bench-single bench-concurrency bench-like-for-like bench-isolation bench-swap bench-enforcer bench-dashboard bench-multiturn bench-architectures bench-resume bench-kv bench-constrained bench-tracing bench-fleet bench-fleet-sim bench-vision bench-adapters soak soak-tests clean
 
 run: setup
 	$(PY) manage.py serve
@@ -108,6 +108,10 @@ bench-vision: setup
 	# mlx_vlm.server's imports, for this benchmark only (not runtime deps): fastapi, and mlx-audio's numpy-only audio_io
 	$(PY) -m pip install -q fastapi && $(PY) -m pip install -q --no-deps 'mlx-audio==0.6.2'
 	$(PY) benchmarks/vision.py
+
+# 16 LoRA adapters over one base: memory vs 16 fused copies, switching TTFT, 4 streams on 4 adapters vs the base
+bench-adapters: setup
+	$(PY) benchmarks/adapters.py
 
 bench-resume: setup
 	$(PY) benchmarks/resume.py
