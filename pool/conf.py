@@ -102,6 +102,12 @@ SETTINGS: list[Setting] = [
     Setting("OMLX_PREFILL_STEP_ALONE", "2048", positive_int,
             "prompt tokens read per step by a request alone on its model, with no stream to hold up (mlx-lm's own "
             "step; memory pressure lowers it like OMLX_PREFILL_STEP)", group=TUNING),
+    Setting("OMLX_DRAFT_TOKENS", "3", positive_int,
+            "tokens a model's draft proposes per round of speculative decoding (its `draft_model` setting)",
+            group=TUNING),
+    Setting("OMLX_DRAFT_MIN_ACCEPTANCE", "0.3", fraction,
+            "below this share of its tokens accepted, a draft stops paying: its model decodes plainly",
+            group=TUNING),
     Setting("OMLX_WARMUP", "auto", choice("auto", "on", "off"),
             "after a load, run the shapes the model will serve most (batches up to OMLX_MAX_CONCURRENT, a prompt "
             "of OMLX_PREFILL_STEP_ALONE) in the background, so the first requests do not compile kernels; auto = on a "
@@ -228,6 +234,8 @@ class Settings:
     key_share: float
     prefill_step: int
     prefill_step_alone: int
+    draft_tokens: int
+    draft_min_acceptance: float
     warmup: str
     mlx_cache_max: Size
     load_group_bytes: int

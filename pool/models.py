@@ -67,6 +67,10 @@ class ModelSettings(models.Model):
     quantized_kv_start = models.PositiveIntegerField(null=True, blank=True, validators=[validate_quantized_kv_start])
     display_name = models.CharField(max_length=255, blank=True, default="")
     notes = models.TextField(blank=True, default="")
+    draft_model = models.CharField(
+        max_length=255, blank=True, default="",
+        help_text="A small model of the same vocabulary that proposes tokens for this one (speculative "
+                  "decoding); loaded, counted, pinned and evicted with it; empty = none. At the next load.")
     trace_body_bytes = models.PositiveIntegerField(
         null=True, blank=True, validators=_between(0, MAX_TOKENS, f"must be at most {MAX_TOKENS}"),
         help_text="Keep each request's body and answer in its trace, up to this many bytes each "
@@ -84,6 +88,8 @@ class ModelSettings(models.Model):
     def clean(self):
         if self.alias == "":
             self.alias = None
+        if self.draft_model and self.draft_model == self.model_id:
+            raise ValidationError({"draft_model": "a model cannot be its own draft"})
         if self.alias and self.alias != self.model_id and self.alias in self._other_model_ids():
             raise ValidationError({"alias": f"'{self.alias}' is the id of another model"})
         try:

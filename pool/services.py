@@ -35,11 +35,11 @@ SETTINGS_FIELDS = {
     "is_pinned": bool, "ttl_seconds": int, "temperature": float, "top_p": float, "max_tokens": int,
     "alias": str, "is_hidden": bool, "display_name": str, "notes": str,
     "max_kv_size": int, "kv_bits": int, "kv_group_size": int, "quantized_kv_start": int,
-    "trace_body_bytes": int,
+    "trace_body_bytes": int, "draft_model": str,
 }
 # oMLX's model_settings.json names for the same fields
 OMLX_NAMES = {"model_alias": "alias"}
-_TEXT = ("display_name", "notes")   # never null: empty means unset
+_TEXT = ("display_name", "notes", "draft_model")   # never null: empty means unset
 
 
 def settings_dict(row: ModelSettings | None, model_id: str) -> dict[str, Any]:

@@ -32,6 +32,7 @@ class Request:
     done: bool = False
     index: int = 0          # the choice it is, of the request's n
     logprobs: list[TokenLogprob] = field(default_factory=list)   # not yet sent
+    draft: tuple[int, int] = (0, 0)   # draft tokens proposed and accepted (engines/drafting.py)
 
     def advance(self, token: int, finish_reason: str | None,
                 logprob: TokenLogprob | None = None) -> tuple[Chunk | None, bool]:
@@ -63,7 +64,7 @@ class Request:
                         if emit or self.logprobs else None), False
             return (Chunk(emit) if emit else None), False
         chunk = Chunk(self.text, finish_reason, len(self.tokens), self.generated, self.cached_tokens,
-                      self._take_logprobs(), self.index, matched)
+                      self._take_logprobs(), self.index, matched, *self.draft)
         self.text = ""
         return chunk, stopped_here
 

@@ -23,6 +23,7 @@ from mlx_lm.generate import generation_stream
 
 from .admission import Arrivals, PromptEncoding
 from .checkpoints import positions
+from .drafting import Drafter, load_drafter
 from .engine_cache import PromptCaching
 from .generation_request import Outbox, Request, received
 from .grammar import prepare as prepare_grammar
@@ -67,6 +68,7 @@ class TextEngine(PromptEncoding, PromptCaching, EngineWorker):
         self._model = None
         self._tokenizer = None
         self._config: dict = {}
+        self._drafter: Drafter | None = None
         self._lanes: dict[Any, BatchLane | SoloLane] = {}    # KVConfig, or ("solo", n) for quantized KV
         self._solo_ids = itertools.count()
         self._stop_tokens: list[list[int]] = []
@@ -128,6 +130,9 @@ class TextEngine(PromptEncoding, PromptCaching, EngineWorker):
         self._model, self._tokenizer, self._config = model, tokenizer, config
         self._weight_bytes = weight_bytes
         self.model_info = model_info(model, config)
+        if self._drafter is not None:
+            self.model_info["draft"] = {"model": self._load_options.draft.name if self._load_options.draft else None,
+                                        "bytes": self._drafter.nbytes, "tokens": self._drafter.tokens}
         self._prompt_cache = make_prompt_cache_store(self.model_id, self.path, self._cache_options,
                                                      on_written=lambda: self._post(self._update_cache_stats),
                                                      trimmable=self._trimmable)
@@ -152,7 +157,9 @@ class TextEngine(PromptEncoding, PromptCaching, EngineWorker):
         if self.abort_load:
             raise LoadAborted("load aborted: process memory pressure")
         # the weights' own bytes, not MLX's active-memory delta: other engines allocate meanwhile
-        return model, tokenizer, config, fill_weights(model, self._load_options.group_bytes, self.load_progress)
+        weight_bytes = fill_weights(model, self._load_options.group_bytes, self.load_progress)
+        self._drafter = load_drafter(self._load_options, config, self.model_id)
+        return model, tokenizer, config, weight_bytes + (self._drafter.nbytes if self._drafter else 0)
 
     @property
     def _trimmable(self) -> bool:
@@ -258,7 +265,8 @@ class TextEngine(PromptEncoding, PromptCaching, EngineWorker):
     def _new_lane(self, kv: KVConfig) -> BatchLane | SoloLane:
         if not kv.batches:
             return SoloLane(self._model, kv, self._stop_tokens)
-        return BatchLane(self._model, kv, self._stop_tokens, trimmable=self._trimmable)
+        return BatchLane(self._model, kv, self._stop_tokens, trimmable=self._trimmable,
+                         drafter=self._drafter if kv == KVConfig() else None)
 
     def _retire(self, key) -> None:
         """Close a lane its last request left, but the default one, which stays for the next."""
@@ -320,6 +328,7 @@ class TextEngine(PromptEncoding, PromptCaching, EngineWorker):
                 try:   # a request that fails here ends alone; the lane and the thread go on
                     if step.finish_reason is not None:
                         self._store(req, step.prompt_cache, step.all_tokens)
+                        req.draft = step.draft or req.draft
                     self._deliver(req, step.token, step.finish_reason, step.logprobs)
                 except Exception as e:
                     log.exception("delivering a token failed on %s", self.model_id)
@@ -373,7 +382,7 @@ class TextEngine(PromptEncoding, PromptCaching, EngineWorker):
         while lanes:                  # no name is left bound to a lane (and its model) after
             lanes.pop().close()
         self._prefills, self._token_text = [], None
-        self._model = self._tokenizer = None
+        self._model = self._tokenizer = self._drafter = None
         self._prompt_cache = None     # its entries' KV, the disk tier's unsaved ones too
         self._requests.clear()
         super()._drop_model()

@@ -23,6 +23,7 @@ from mlx_lm.generate import BatchGenerator, generate_step, generation_stream
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache, trim_prompt_cache
 
 from .checkpoints import segments
+from .drafting import DraftedSequence, Drafter
 from .protocol import KVConfig
 from .single_sequence import Pending, SingleSequence, with_history
 
@@ -40,6 +41,7 @@ class Step:
     prompt_cache: list[Any] | None = None
     all_tokens: list[int] | None = None
     logprobs: Any = None
+    draft: tuple[int, int] | None = None     # on the last: draft tokens (proposed, accepted), if it drafted
 
 
 def new_cache(model, config: KVConfig) -> list[Any]:
@@ -77,8 +79,9 @@ class BatchLane:
     between two steps enter the batch together, so their prompts are read as one batch."""
 
     def __init__(self, model, config: KVConfig, stop_tokens: list[list[int]], *, trimmable: bool = True,
-                 prefill_batch: int = 32):
-        self.model, self.config = model, config
+                 prefill_batch: int = 32, drafter: Drafter | None = None):
+        self.model, self.config, self._drafter = model, config, drafter
+        self._drafts: dict[int, tuple[int, int]] = {}    # lane uid -> draft tokens (proposed, accepted) so far
         self._generator = BatchGenerator(model, stop_tokens=stop_tokens, stream=generation_stream,
                                          prefill_batch_size=prefill_batch, completion_batch_size=prefill_batch)
         self._stop = {t for seq in stop_tokens for t in seq if len(seq) == 1}
@@ -120,11 +123,14 @@ class BatchLane:
         if not self._incoming:
             return
         if self._fast and self._single is None and not self._in_batch and len(self._incoming) == 1:
-            self._single = SingleSequence(self.model, self._incoming.pop(), self._stop)
+            pending = self._incoming.pop()
+            if self._drafter is not None and not pending.processors and self._drafter.wanted():
+                self._single = DraftedSequence(self.model, pending, self._stop, self._drafter)
+            else:
+                self._single = SingleSequence(self.model, pending, self._stop)
             return
         if self._single is not None:          # company: the lone request joins the batch with them
-            self._incoming.insert(0, self._single.handover())
-            self._single = None
+            self._incoming.insert(0, self._leave_single().handover())
         entering, self._incoming = shortest_first(self._incoming, self._unstarted_lengths())
         for pending in entering:
             self._to_batch(pending)
@@ -152,10 +158,24 @@ class BatchLane:
             return []
         token, logprobs, finish = out
         if finish is None:
+            if isinstance(alone, DraftedSequence) and not alone.keeps_drafting():   # on plainly, from here
+                self._single = SingleSequence(self.model, self._leave_single().handover(), self._stop)
             return [Step(alone.uid, token, None, logprobs=logprobs)]
-        self._single = None
+        self._leave_single()
         cache, tokens = alone.finished_cache()
-        return [Step(alone.uid, token, finish, cache, tokens, logprobs)]
+        return [Step(alone.uid, token, finish, cache, tokens, logprobs, self._drafts.pop(alone.uid, None))]
+
+    def _leave_single(self) -> SingleSequence:
+        """The lone request leaves the single path: what it measured goes to the drafter."""
+        alone, self._single = self._single, None
+        assert alone is not None
+        alone.close()
+        if self._drafter is not None:
+            self._drafter.note(alone)
+        if isinstance(alone, DraftedSequence):
+            proposed, accepted = self._drafts.get(alone.uid, (0, 0))
+            self._drafts[alone.uid] = (proposed + alone.proposed, accepted + alone.accepted)
+        return alone
 
     def _step_batch(self) -> list[Step]:
         prompts, responses = self._generator.next()
@@ -174,11 +194,13 @@ class BatchLane:
             uid = self._in_batch.get(r.uid)
             if uid is None:
                 continue
+            draft = None
             if r.finish_reason is not None:
                 self._forget(r.uid)
+                draft = self._drafts.pop(uid, None)
             else:
                 self._generated[uid] += 1
-            steps.append(Step(uid, r.token, r.finish_reason, r.prompt_cache, r.all_tokens, r.logprobs))
+            steps.append(Step(uid, r.token, r.finish_reason, r.prompt_cache, r.all_tokens, r.logprobs, draft))
         return steps
 
     def _maybe_leave_batch(self) -> None:
@@ -216,9 +238,9 @@ class BatchLane:
     def remove(self, uid: int, *, keep_cache: bool = False):
         """Take a request out; with keep_cache, returns (its KV, its tokens) for the prompt cache."""
         self._incoming = [p for p in self._incoming if p.uid != uid]
+        self._drafts.pop(uid, None)
         if self._single is not None and self._single.uid == uid:
-            alone, self._single = self._single, None
-            alone.close()
+            alone = self._leave_single()
             return alone.finished_cache() if keep_cache else None
         g = next((g for g, u in self._in_batch.items() if u == uid), None)
         if g is None:

@@ -42,6 +42,9 @@ class LoadOptions:
     dequantize: bool = False          # serve a quantized model as float32 (the CPU backend, when it fits)
     warm_batches: tuple[int, ...] = ()   # after the load, batch sizes run once in the background (warmup.py)
     warm_prompt: int = 0              # and one prompt of this many tokens (0: none)
+    draft: Path | None = None         # a draft model's folder: proposes tokens for a lone request (drafting.py)
+    draft_tokens: int = 3             # tokens it proposes a round (OMLX_DRAFT_TOKENS)
+    draft_min_acceptance: float = 0.3  # below this share accepted, it stops paying (OMLX_DRAFT_MIN_ACCEPTANCE)
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,8 @@ class Chunk:
     logprobs: tuple[TokenLogprob, ...] = ()   # the tokens since the last chunk (text held back included)
     index: int = 0                 # the choice, when a request asked for several (n)
     stop_sequence: str | None = None   # on the last chunk: the stop string that ended the choice
+    draft_proposed: int = 0        # on the last chunk: tokens its model's draft proposed (speculative decoding)
+    draft_accepted: int = 0        # ... and of them, those the model kept
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ the batch, as mlx_lm.server keeps every request."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -72,27 +73,47 @@ class SingleSequence:
         self.fed = list(pending.all_tokens)     # tokens whose KV is in the cache, before generation
         self.pending = list(pending.tokens)     # prompt tokens not yet read
         self.generated: list[int] = []
-        self._steps = None
+        self.first_token_at = 0.0
+        self._steps: Any = None
 
     def step(self, prefill_step: int) -> tuple[int, Any, str | None] | None:
         """Read one chunk of prompt (returns None) or decode one token: (token, its logprobs
         vector, finish_reason)."""
-        if self._steps is None and len(self.pending) > 1:
-            n = min(prefill_step, len(self.pending) - 1)
-            read_prompt_chunk(self.model, self.cache, self.pending[:n])
-            self.fed += self.pending[:n]
-            del self.pending[:n]
+        if self._steps is None and self._read_chunk(prefill_step):
             return None
         if self._steps is None:
-            self._steps = generate_step(mx.array(self.pending), self.model, max_tokens=self.max_tokens,
-                                        sampler=self.sampler, prompt_cache=self.cache,
-                                        logits_processors=with_history(self.processors, self.fed))
-        token, logprobs = next(self._steps)
+            self._steps = self._start()
+        token, logprobs = self._next()
         self.generated.append(token)
+        if len(self.generated) == 1:
+            self.first_token_at = time.perf_counter()
         finish = "stop" if token in self.stop else ("length" if len(self.generated) >= self.max_tokens else None)
         if finish is not None:
             self.close()
         return token, logprobs, finish
+
+    def _read_chunk(self, prefill_step: int) -> bool:
+        """Read one chunk of the prompt, all but its last token; False when there is none left."""
+        if len(self.pending) <= 1:
+            return False
+        n = min(prefill_step, len(self.pending) - 1)
+        read_prompt_chunk(self.model, self.cache, self.pending[:n])
+        self.fed += self.pending[:n]
+        del self.pending[:n]
+        return True
+
+    def _start(self):
+        return generate_step(mx.array(self.pending), self.model, max_tokens=self.max_tokens, sampler=self.sampler,
+                             prompt_cache=self.cache, logits_processors=with_history(self.processors, self.fed))
+
+    def _next(self) -> tuple[int, Any]:
+        return next(self._steps)
+
+    def decode_rate(self) -> tuple[int, float] | None:
+        """(tokens generated after the first, the seconds they took), once there are some."""
+        if len(self.generated) < 2:
+            return None
+        return len(self.generated) - 1, time.perf_counter() - self.first_token_at
 
     @property
     def all_tokens(self) -> list[int]:
@@ -102,7 +123,8 @@ class SingleSequence:
     def finished_cache(self) -> tuple[list[Any], list[int]]:
         tokens = self.all_tokens
         self._trim_to(len(tokens))
-        return self.cache, tokens
+        # a speculative round's end leaves the last token out of the cache (drafting.py)
+        return self.cache, tokens[: self.cache[0].offset]
 
     def handover(self) -> Pending:
         """Stop here and give the request to another generator, as a `Pending` it can insert."""

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
@@ -28,6 +29,7 @@ from ..policy.load_progress import LoadRate
 from ..policy.vocabulary import ActionKind, Change, ModelState, Reason, Refusal
 from ..traces.trace import for_request
 from .adapter_links import base_held, unload_adapters
+from .draft_links import draft_of
 from .engine_options import engine_options, prompt_cache_cap, wants_dequantize
 from .entries import Entry
 from .pool_lifecycle import PoolLifecycle
@@ -103,7 +105,8 @@ class EnginePool(PoolLifecycle):
             raise ModelNotFound(model_id, sorted(self.entries)) from None
 
     def views(self) -> list[ModelView]:
-        return [e.view(self.conf.idle_ttl) for e in self.entries.values()]
+        return [e.view(self.conf.idle_ttl, draft_bytes=d.size_bytes if (d := draft_of(self.entries, e)) else 0)
+                for e in self.entries.values()]
 
     def budget(self, reading: MemoryReading | None = None) -> int | None:
         value = self.conf.max_model_memory
@@ -247,6 +250,9 @@ class EnginePool(PoolLifecycle):
                                      self.events.changed, Change.KV_GROWTH, entry.id))
         if entry.base is not None:       # held loaded by base_held
             options["base"] = self.entries[entry.base].engine
+        if (draft := draft_of(self.entries, entry)) is not None:
+            options["load"] = replace(options["load"], draft=draft.path, draft_tokens=self.conf.draft_tokens,
+                                      draft_min_acceptance=self.conf.draft_min_acceptance)
         return options
 
     async def _load(self, entry: Entry, plan: LoadPlan, requested_by: str | None) -> None:

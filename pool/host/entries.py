@@ -71,9 +71,11 @@ class Entry:
         """How long the engine's weight fill took (its LoadProgress), once loaded."""
         return getattr(getattr(self.engine, "load_progress", None), "seconds", None)
 
-    def view(self, default_ttl: float | None) -> ModelView:
+    def view(self, default_ttl: float | None, *, draft_bytes: int = 0) -> ModelView:
+        """Its plain view; a model with a draft loads it too (`draft_bytes` more)."""
         ttl = self.ttl_seconds if self.ttl_seconds is not None else default_ttl
-        return ModelView(id=self.id, state=self.state, size_bytes=self.size_bytes, measured_bytes=self.measured_bytes,
+        return ModelView(id=self.id, state=self.state, size_bytes=self.size_bytes + draft_bytes,
+                         measured_bytes=self.measured_bytes,
                          pinned=self.pinned, leases=self.leases, last_access=self.last_access,
                          idle_since=self.idle_since, ttl_seconds=ttl, keep_alive=self.keep_alive,
                          marked_for_unload=self.marked_for_unload, base=self.base)

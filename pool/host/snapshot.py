@@ -64,6 +64,7 @@ def model_row(entry, view: ModelView, rank: int | None, now: float, cache: Cache
         # KV memory beside the weights: live requests' KV and the prefix cache (loaded models only)
         **{name: getattr(cache, name) if cache else None for name in CACHE_FIELDS},
         "kv_layout": kv_layout(entry, card.get("context_length")) if loaded else None,
+        "draft": (getattr(entry.engine, "model_info", None) or {}).get("draft") if loaded else None,
         **{name: getattr(cache, field) if cache else None for name, field in COUNTER_FIELDS.items()},
     }
 

@@ -85,6 +85,8 @@ class Metrics:
                                     "concurrency slot.", labels, buckets=TTFT_BUCKETS, registry=self.registry)
         self.decode_rate = Histogram("request_decode_tokens_per_second", "Tokens per second after the first one.",
                                      labels, buckets=RATE_BUCKETS, registry=self.registry)
+        self.draft_tokens = Counter("draft_tokens", "Tokens a model's draft proposed and those its model accepted "
+                                    "(speculative decoding), by model.", ["model", "outcome"], registry=self.registry)
         self._snapshot = snapshot
 
     def watch(self, pool) -> None:
@@ -105,8 +107,11 @@ class Metrics:
         self.key_requests.labels(key=key, status=str(status)).inc()
 
     def request_traced(self, *, model: str, key: str, ttft: float | None, queue_wait: float,
-                       decode_tps: float | None) -> None:
-        """A finished request's trace (pool/traces/registry.py)."""
+                       decode_tps: float | None, draft: tuple[int, int] = (0, 0)) -> None:
+        """A finished request's trace (pool/traces/registry.py); `draft`: (proposed, accepted)."""
+        if draft[0]:
+            self.draft_tokens.labels(model=model, outcome="proposed").inc(draft[0])
+            self.draft_tokens.labels(model=model, outcome="accepted").inc(draft[1])
         if ttft is not None:
             self.ttft.labels(model=model, key=key).observe(ttft)
         self.queue_wait.labels(model=model, key=key).observe(queue_wait)

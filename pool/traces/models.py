@@ -5,7 +5,8 @@ from django.db import models
 
 # a trace's as_dict() keys kept as columns of the same name (the rest have their own names below)
 COLUMNS = ("host", "model", "dialect", "route", "key", "stream", "status", "error", "finish_reason", "disconnected",
-           "cancelled", "prefill_total", "prompt_tokens", "cached_tokens", "image_tokens", "completion_tokens",
+           "cancelled", "prefill_total", "prompt_tokens", "cached_tokens", "image_tokens", "draft_proposed",
+           "draft_accepted", "completion_tokens",
            "admission_ms", "slot_ms", "load_ms", "load_model", "load_started", "prefill_ms", "ttft_ms", "decode_tps",
            "peak_kv_bytes", "prompt_cache_stored_tokens", "evictions", "duration_ms")
 
@@ -31,6 +32,8 @@ class RequestTrace(models.Model):
     prompt_tokens = models.PositiveIntegerField(default=0)
     cached_tokens = models.PositiveIntegerField(default=0)
     image_tokens = models.PositiveIntegerField(default=0)
+    draft_proposed = models.PositiveIntegerField(default=0)
+    draft_accepted = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
     admission_ms = models.FloatField(null=True)
     slot_ms = models.FloatField(null=True)

@@ -69,7 +69,8 @@ class Traces:
         self.writer.submit(row)
         if self.metrics is not None:
             self.metrics.request_traced(model=trace.model, key=trace.key or "", ttft=trace.ttft_s,
-                                        queue_wait=trace.queue_s, decode_tps=trace.decode_tps)
+                                        queue_wait=trace.queue_s, decode_tps=trace.decode_tps,
+                                        draft=(trace.draft_proposed, trace.draft_accepted))
         self._changed()
 
     # ---- reading and acting ----------------------------------------------------------------------

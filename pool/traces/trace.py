@@ -54,6 +54,8 @@ class Trace:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     image_tokens: int = 0             # of prompt_tokens, those an image became (a vision model's)
+    draft_proposed: int = 0           # tokens its model's draft proposed (speculative decoding) ...
+    draft_accepted: int = 0           # ... and those the model kept
     completion_tokens: int = 0
     generated: int = 0                  # the first choice's tokens so far (the engine thread counts them)
     admission_s: float | None = None
@@ -93,6 +95,8 @@ class Trace:
                 self.finish_reason = chunk.finish_reason
             self.completion_tokens += chunk.completion_tokens
             self.prompt_tokens, self.cached_tokens = chunk.prompt_tokens, chunk.cached_tokens
+            self.draft_proposed += chunk.draft_proposed
+            self.draft_accepted += chunk.draft_accepted
 
     def _capture(self, text: str) -> None:
         room = self.body_cap - self.response_bytes
@@ -150,6 +154,7 @@ class Trace:
             "disconnected": self.disconnected, "cancelled": self.cancelled, "phase": str(self.phase),
             "prefill_done": self.prefill_done, "prefill_total": self.prefill_total,
             "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens, "image_tokens": self.image_tokens,
+            "draft_proposed": self.draft_proposed, "draft_accepted": self.draft_accepted,
             "completion_tokens": self.completion_tokens or self.generated, "admission_ms": _ms(self.admission_s),
             "slot_ms": _ms(self.slot_s), "load_ms": _ms(self.load_s), "load_model": self.load_model,
             "load_started": self.load_started, "prefill_ms": _ms(self.prefill_s), "ttft_ms": _ms(self.ttft_s),

@@ -41,7 +41,8 @@ def test_a_partial_change_keeps_the_other_fields(models_dir):
     assert values == {"model_id": "alpha", "is_pinned": True, "ttl_seconds": 60, "temperature": None,
                       "top_p": None, "max_tokens": None, "alias": None, "is_hidden": False,
                       "display_name": "", "notes": "keep me", "max_kv_size": None, "kv_bits": None,
-                      "kv_group_size": None, "quantized_kv_start": None, "trace_body_bytes": None}
+                      "kv_group_size": None, "quantized_kv_start": None, "trace_body_bytes": None,
+                      "draft_model": ""}
 
 
 @pytest.mark.parametrize("body, param", [

@@ -1,0 +1,73 @@
+"""A model with a draft (engines/drafting.py), on real MLX: a lone request decodes through mlx-lm's
+speculative_generate_step and answers exactly as plain greedy decoding does; an agreeing draft has
+every proposed token accepted; a draft that does not agree stops being used within the request and
+for the next ones (only the periodic probe tries it again); requests together decode in the batch,
+plainly; the pair's bytes are counted as the model's."""
+
+import asyncio
+
+import pytest
+
+from pool.engines.generator import TextEngine
+from pool.engines.protocol import LoadOptions, SamplingParams
+from pool.policy.drafts import MIN_TOKENS
+
+TOKENS = 40
+QUESTION = "Tell me a story about the sea, number {}."
+
+
+async def answer(engine, i: int, tokens: int = TOKENS):
+    prompt = await asyncio.to_thread(engine.encode_chat, [{"role": "user", "content": QUESTION.format(i)}])
+    text, last = "", None
+    async for chunk in engine.generate(prompt, SamplingParams(max_tokens=tokens, temperature=0, cache_prompt=False)):
+        text += chunk.text
+        last = chunk
+    return text, last
+
+
+async def answers(draft, count: int, base) -> list:
+    engine = TextEngine("m", base, load=LoadOptions(draft=draft))
+    loaded = await engine.load()
+    try:
+        return [loaded, engine] + [await answer(engine, i) for i in range(count)]
+    finally:
+        await engine.stop()
+
+
+@pytest.fixture(scope="module")
+def plain(demo_model_dir):
+    return asyncio.run(answers(None, 3, demo_model_dir))[2:]
+
+
+def test_an_agreeing_draft_has_every_token_accepted_and_changes_no_answer(demo_model_dir, plain):
+    loaded, engine, *drafted = asyncio.run(answers(demo_model_dir, 3, demo_model_dir))
+    assert [text for text, _ in drafted] == [text for text, _ in plain]
+    first = drafted[0][1]
+    assert first.draft_proposed >= TOKENS * 3 // 4 - 3 and first.draft_accepted == first.draft_proposed
+    assert loaded.measured_bytes == 2 * loaded.model_info["draft"]["bytes"]     # the pair (the same model twice)
+
+
+def test_a_draft_that_does_not_agree_is_dropped_and_changes_no_answer(demo_model_dir, make_model, plain):
+    unrelated = make_model("arch-llama-tiny", None, arch="llama")      # the demo's tokenizer, random weights
+    _, _, *drafted = asyncio.run(answers(unrelated, 3, demo_model_dir))
+    assert [text for text, _ in drafted] == [text for text, _ in plain]
+    first = drafted[0][1]
+    # judged once MIN_TOKENS were proposed: it went on plainly from there
+    assert MIN_TOKENS <= first.draft_proposed < MIN_TOKENS + 6 and first.draft_accepted < 0.3 * first.draft_proposed
+    assert drafted[1][1].draft_proposed == 0          # then plain decoding (measured once) ...
+    assert drafted[2][1].draft_proposed == 0          # ... and not the draft again: its acceptance is too low
+
+
+def test_requests_together_decode_plainly_in_the_batch(demo_model_dir):
+    async def run():
+        engine = TextEngine("m", demo_model_dir, load=LoadOptions(draft=demo_model_dir))
+        await engine.load()
+        try:
+            alone = [await answer(engine, i, 12) for i in range(2)]
+            together = await asyncio.gather(*(answer(engine, i, 12) for i in range(2)))
+            return alone, together
+        finally:
+            await engine.stop()
+    alone, together = asyncio.run(run())
+    # a request that began alone, drafting, hands its KV over to the batch as the other arrives
+    assert [t for t, _ in together] == [t for t, _ in alone]
