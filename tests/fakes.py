@@ -121,6 +121,14 @@ class FakeEngine:
         self.model_info = {**MODEL_INFO, **spec.model_info}
         return LoadResult(measured_bytes=size, seconds=spec.load_seconds, model_info=self.model_info)
 
+    async def drop_draft(self) -> int:
+        """A draft named in the spec's model_info ({"draft": {"bytes": N}}): its bytes go."""
+        draft = self.model_info.pop("draft", None)
+        if not draft:
+            return 0
+        self.factory.memory.held[self.model_id] -= draft["bytes"]
+        return draft["bytes"]
+
     async def stop(self, message: str = "the model was unloaded") -> ReleaseResult:
         self.abort_all(message, "model_unloaded")
         held = self.factory.memory.held.pop(self.model_id, 0) + self.factory.memory.prompt_caches.pop(self.model_id, 0)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import mlx.core as mx
 from mlx_lm.generate import speculative_generate_step
@@ -26,6 +26,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from ..policy.drafts import DraftRecord, keeps_drafting, use_draft
 from .loading import fill_weights, open_model
+from .memory_release import release_memory
 from .protocol import LoadOptions
 from .single_sequence import Pending, SingleSequence, read_prompt_chunk
 
@@ -63,6 +64,34 @@ class Drafter:
                 r = replace(r, plain_seconds_per_token=_average(r.plain_seconds_per_token, seconds / tokens),
                             plain_tokens=r.plain_tokens + tokens)
         self.record = r
+
+
+class DraftHolder:
+    """An engine's side of its draft: letting go of it under memory pressure (the enforcer's
+    DROP_DRAFT); the model decodes plainly from then on, until its next load."""
+
+    _drafter: Drafter | None
+    _lanes: dict
+    _weight_bytes: int
+    model_info: dict
+    call: Callable[[Callable[[], Any]], Awaitable[Any]]   # EngineWorker's: fn on the engine thread
+
+    async def drop_draft(self) -> int:
+        """The bytes the draft took (0: it had none)."""
+        def drop() -> int:
+            drafter, self._drafter = self._drafter, None
+            if drafter is None:
+                return 0
+            for lane in self._lanes.values():
+                if hasattr(lane, "drop_drafter"):
+                    lane.drop_drafter()
+            freed = drafter.nbytes
+            self._weight_bytes -= freed
+            self.model_info.pop("draft", None)
+            del drafter
+            release_memory()
+            return freed
+        return await self.call(drop)
 
 
 def load_drafter(options: LoadOptions, config: dict, model_id: str) -> Drafter | None:

@@ -23,7 +23,7 @@ from mlx_lm.generate import generation_stream
 
 from .admission import Arrivals, PromptEncoding
 from .checkpoints import positions
-from .drafting import Drafter, load_drafter
+from .drafting import Drafter, DraftHolder, load_drafter
 from .engine_cache import PromptCaching
 from .generation_request import Outbox, Request, received
 from .grammar import prepare as prepare_grammar
@@ -53,7 +53,7 @@ PREFILL_STEP = 512         # prompt tokens read per step until the pool sets its
 PREFILL_STEP_ALONE = 2048  # ... by a request alone (OMLX_PREFILL_STEP_ALONE): it holds nobody up
 
 
-class TextEngine(PromptEncoding, PromptCaching, EngineWorker):
+class TextEngine(PromptEncoding, PromptCaching, DraftHolder, EngineWorker):
     """One language model on one engine thread. Every public coroutine is safe to call from the event loop."""
 
     def __init__(self, model_id: str, path: Path, *, load: LoadOptions = LoadOptions(),

@@ -165,6 +165,12 @@ class BatchLane:
         cache, tokens = alone.finished_cache()
         return [Step(alone.uid, token, finish, cache, tokens, logprobs, self._drafts.pop(alone.uid, None))]
 
+    def drop_drafter(self) -> None:
+        """No more drafting: a request drafting now goes on plainly from where it is."""
+        if isinstance(self._single, DraftedSequence):
+            self._single = SingleSequence(self.model, self._leave_single().handover(), self._stop)
+        self._drafter = None
+
     def _leave_single(self) -> SingleSequence:
         """The lone request leaves the single path: what it measured goes to the drafter."""
         alone, self._single = self._single, None

@@ -232,6 +232,9 @@ class MemoryEnforcer:
             elif action.kind == ActionKind.ABORT_REQUESTS:
                 await self.actions.abort_requests(action.model, reason=action.reason, code="memory_pressure",
                                                   message=self._abort_message(decision.level, reading))
+            elif action.kind == ActionKind.DROP_DRAFT:
+                await self.actions.drop_draft(action.model, reason=action.reason or Reason.PRESSURE_SOFT,
+                                              detail=f"memory pressure ({decision.level})")
             elif action.kind == ActionKind.MARK_UNLOAD:
                 await self.actions.mark_for_unload(action.model, reason=action.reason or Reason.EMERGENCY)
 

@@ -78,7 +78,14 @@ class Entry:
                          measured_bytes=self.measured_bytes,
                          pinned=self.pinned, leases=self.leases, last_access=self.last_access,
                          idle_since=self.idle_since, ttl_seconds=ttl, keep_alive=self.keep_alive,
-                         marked_for_unload=self.marked_for_unload, base=self.base)
+                         marked_for_unload=self.marked_for_unload, base=self.base,
+                         loaded_draft_bytes=self._loaded_draft_bytes())
+
+    def _loaded_draft_bytes(self) -> int:
+        if self.state != ModelState.LOADED or self.engine is None:
+            return 0
+        draft = (getattr(self.engine, "model_info", None) or {}).get("draft")
+        return int(draft["bytes"]) if isinstance(draft, dict) else 0
 
     def shown_failure(self, error: BaseException) -> str:
         """A load error as clients see it: files named inside the model's folder, never by absolute

@@ -41,6 +41,17 @@ class PressureActions:
         await self._event(ActionKind.ABORT_REQUESTS, reason, entry,
                           f"{entry.leases} request(s) of '{entry.id}' aborted: {message}")
 
+    async def drop_draft(self, model_id: str, *, reason: Reason, detail: str) -> None:
+        """Let go of the model's draft model (the model stays, decoding plainly, until its next load)."""
+        entry = self.pool.entries.get(model_id)
+        if entry is None or entry.state != ModelState.LOADED or not hasattr(entry.engine, "drop_draft"):
+            return
+        freed = await entry.engine.drop_draft()
+        if freed and entry.measured_bytes is not None:
+            entry.measured_bytes -= freed
+        await self._event(ActionKind.DROP_DRAFT, reason, entry,
+                          f"the draft of '{entry.id}' ({format_bytes(freed)}) dropped: {detail}")
+
     async def mark_for_unload(self, model_id: str, *, reason: Reason) -> None:
         if (entry := self.pool.entries.get(model_id)) is None:
             return

@@ -24,6 +24,7 @@ class ModelView:
     keep_alive: float | None = None  # seconds; 0 = unload now; -1 = until evicted; None = use ttl
     marked_for_unload: Reason | None = None  # set by the enforcer's emergency rung
     base: str | None = None  # an adapter's base model: loaded while the adapter is, unloaded after it
+    loaded_draft_bytes: int = 0  # its loaded draft model's, which pressure drops before evicting a model
 
     @property
     def footprint(self) -> int:

@@ -1,5 +1,6 @@
 """The enforcer's decisions: the ceiling and its lines, the level a reading is at, and the actions
-one tick takes, in a fixed order (reclaim, pause admission, evict, abort loads, abort requests)."""
+one tick takes, in a fixed order (reclaim, pause admission, drop draft models, evict, abort loads, abort
+requests)."""
 
 from __future__ import annotations
 
@@ -147,8 +148,12 @@ def _unload_drained_marks(models: list[ModelView]) -> list[Action]:
 
 
 def _relieve(level: Level, models: list[ModelView], predicted: int, soft: int) -> list[Action]:
-    actions, predicted = _evict_idle(models, predicted, soft, EVICTION_REASONS[level],
-                                     keep_last_unpinned=(level == Level.SOFT))
+    actions, predicted = _drop_drafts(models, predicted, soft, EVICTION_REASONS[level])
+    if predicted < soft:
+        return actions
+    evictions, predicted = _evict_idle(models, predicted, soft, EVICTION_REASONS[level],
+                                       keep_last_unpinned=(level == Level.SOFT))
+    actions += evictions
     if level == Level.SOFT or predicted < soft:
         return actions
     aborts, predicted = _abort_loads(models, predicted)
@@ -158,6 +163,18 @@ def _relieve(level: Level, models: list[ModelView], predicted: int, soft: int) -
     if level == Level.HARD:
         return actions + _abort_lru_busy(models)
     return actions + _emergency_aborts(models)
+
+
+def _drop_drafts(models: list[ModelView], predicted: int, soft: int, reason: Reason) -> tuple[list[Action], int]:
+    """Draft models go before any model (least recently used first, pinned or busy alike): a draft
+    only speeds its model up, and its model goes on decoding without it."""
+    actions = []
+    for m in sorted((m for m in models if m.loaded_draft_bytes), key=lambda m: (m.last_access, m.id)):
+        if predicted < soft:
+            break
+        actions.append(Action(ActionKind.DROP_DRAFT, m.id, reason))
+        predicted -= m.loaded_draft_bytes
+    return actions, predicted
 
 
 def _evict_idle(models: list[ModelView], predicted: int, soft: int, reason: Reason, *,

@@ -50,6 +50,7 @@ class ActionKind(StrEnum):
     ABORT_LOAD = "abort_load"
     ABORT_REQUESTS = "abort_requests"
     MARK_UNLOAD = "mark_unload"
+    DROP_DRAFT = "drop_draft"        # a model's draft model let go; the model stays (engines/drafting.py)
     STORAGE = "storage"              # not the enforcer's: the data folder's state changed
 
 

@@ -71,3 +71,27 @@ def test_requests_together_decode_plainly_in_the_batch(demo_model_dir):
     alone, together = asyncio.run(run())
     # a request that began alone, drafting, hands its KV over to the batch as the other arrives
     assert [t for t, _ in together] == [t for t, _ in alone]
+
+
+def test_dropping_the_draft_mid_request_goes_on_plainly(demo_model_dir, plain):
+    """Memory pressure's DROP_DRAFT: the lone drafting request continues without it, to the same answer."""
+    async def run():
+        engine = TextEngine("m", demo_model_dir, load=LoadOptions(draft=demo_model_dir))
+        loaded = await engine.load()
+        try:
+            prompt = await asyncio.to_thread(engine.encode_chat, [{"role": "user", "content": QUESTION.format(0)}])
+            text, last, freed = "", None, None
+            async for chunk in engine.generate(prompt, SamplingParams(max_tokens=TOKENS, temperature=0,
+                                                                      cache_prompt=False)):
+                text += chunk.text
+                last = chunk
+                if freed is None and text:
+                    freed = await engine.drop_draft()
+            return loaded, engine, text, last, freed, await engine.drop_draft()
+        finally:
+            await engine.stop()
+    loaded, engine, text, last, freed, again = asyncio.run(run())
+    assert text == plain[0][0]
+    assert freed > 0 and 2 * freed == loaded.measured_bytes and again == 0     # the draft is the model's twin
+    assert 0 < last.draft_proposed < TOKENS - 3                # it drafted, then stopped
+    assert "draft" not in engine.model_info

@@ -68,6 +68,19 @@ async def test_soft_pressure_evicts_lru_idle_models_but_keeps_the_last_unpinned_
     assert core.states() == {"a": "unloaded", "b": "unloaded", "c": "loaded"}
 
 
+async def test_pressure_drops_a_draft_model_before_evicting_any_model(models):
+    draft = {"model": "d", "bytes": 40 * MB, "tokens": 3}
+    core = Core(models, memory_ceiling=CEILING, specs={"b": Spec(model_info={"draft": draft})})
+    await loaded(core, "a", "b")
+    core.memory.base = 720 * MB                                          # 920 MB: soft; the draft frees 40
+    decision = await core.enforcer.tick()
+    assert [a.kind for a in decision.actions] == ["drop_draft"]
+    assert core.events() == [("drop_draft", "pressure_soft", "b")]
+    assert core.states() == {"a": "loaded", "b": "loaded", "c": "unloaded"}
+    assert core.pool.entries["b"].measured_bytes == 60 * MB and core.enforcer.level == "ok"
+    assert core.pool.views()[1].loaded_draft_bytes == 0
+
+
 async def test_hard_pressure_aborts_loads_and_the_lru_busy_models_requests(models):
     core = Core(models, memory_ceiling=CEILING,
                 specs={"a": Spec(tokens=10_000, token_seconds=0.005), "c": Spec(load_seconds=5)})

@@ -239,6 +239,15 @@ RECLAIM = Action("reclaim", reason="cache_reclaim")
          ("emergency", True, (RECLAIM,), 1)),
         (gib(19.5), 0, [model("p", pinned=True, marked_for_unload="emergency")], 0, False,
          ("hard", True, (), 0)),
+        (gib(18.5), 0, [model("a", last_access=1), model("b", 2, last_access=2, loaded_draft_bytes=gib(0.6))],
+         0, False,
+         ("soft", True, (Action("drop_draft", "b", "pressure_soft"),), 0)),
+        (gib(19.5), 0,
+         [model("p", pinned=True, leases=1, loaded_draft_bytes=gib(0.3), last_access=1),
+          model("b", leases=1, loaded_draft_bytes=gib(0.3), last_access=2), model("a", last_access=0)],
+         0, False,
+         ("hard", True, (Action("drop_draft", "p", "pressure_hard"), Action("drop_draft", "b", "pressure_hard"),
+                         unload("a", "pressure_hard")), 0)),
     ],
     ids=[
         "ok-does-nothing",
@@ -268,6 +277,8 @@ RECLAIM = Action("reclaim", reason="cache_reclaim")
         "emergency-does-not-mark-twice",
         "emergency-still-reclaims-first",
         "pinned-mark-never-unloads",
+        "a-draft-goes-before-any-model",
+        "drafts-of-pinned-and-busy-models-go-too-then-models",
     ],
 )
 def test_decide(usage, reclaimable, models, polls, reclaimed, expected):
