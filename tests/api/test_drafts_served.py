@@ -1,0 +1,46 @@
+"""A draft model through the server, set the documented ways: `manage.py draft` against the running
+server and the settings API. The pair loads as one model (its measured bytes count both), a lone
+request's trace shows the tokens proposed and accepted, /metrics counts them, the answer is the
+plain one, and an unload lets go of both."""
+
+from tests.conftest import DEMO
+from tests.pool.test_commands import manage
+
+DRAFT = "demo-draft"      # the demo's own folder again: a draft that always agrees
+QUESTION = [{"role": "user", "content": "Tell me about the sea."}]
+
+
+def test_a_draft_set_with_manage_py_serves_and_is_traced(start_server, demo_model_dir):
+    server = start_server({DRAFT: demo_model_dir}, OMLX_API_KEY="sekret")
+    plain = server.chat(DEMO, messages=QUESTION, max_tokens=24, temperature=0).json()
+    alone_bytes = server.model(DEMO)["measured_bytes"]
+    assert server.post(f"/api/models/{DEMO}/unload", {}).status_code == 200
+
+    done = manage(server, "draft", DEMO, DRAFT)
+    assert done.returncode == 0, done.stderr
+    assert f"{DEMO}: draft {DRAFT} in the database" in done.stdout
+    answer = server.chat(DEMO, messages=QUESTION, max_tokens=24, temperature=0)
+    assert answer.json()["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
+
+    model = server.model(DEMO)
+    assert model["draft"]["model"] == DRAFT and model["measured_bytes"] == alone_bytes + model["draft"]["bytes"]
+    assert server.model(DRAFT)["state"] == "unloaded"          # read inside its model's engine, not as a model
+    trace = server.get(f"/api/requests/{answer.headers['x-omlx-request-id']}").json()
+    assert trace["draft_proposed"] > 0 and trace["draft_accepted"] == trace["draft_proposed"]
+    metrics = server.get("/metrics").text
+    assert f'draft_tokens_total{{model="{DEMO}",outcome="accepted"}} {float(trace["draft_accepted"])}' in metrics
+
+    assert server.post(f"/api/models/{DEMO}/unload", {}).status_code == 200
+    assert server.model(DEMO)["draft"] is None
+    removed = server.post(f"/admin/model/{DEMO}/settings", {"draft_model": ""})
+    assert removed.status_code == 200 and removed.json()["draft_model"] == ""
+    server.chat(DEMO, messages=QUESTION, max_tokens=4)
+    assert server.model(DEMO)["draft"] is None and server.model(DEMO)["measured_bytes"] == alone_bytes
+
+
+def test_a_model_cannot_be_its_own_draft(start_server):
+    server = start_server(OMLX_API_KEY="sekret")
+    refused = server.post(f"/admin/model/{DEMO}/settings", {"draft_model": DEMO})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "draft_model", refused.text
+    done = manage(server, "draft", DEMO, DEMO)
+    assert done.returncode != 0 and "its own draft" in done.stderr
