@@ -25,7 +25,7 @@ def remote_model_object(router: Router, row: dict) -> dict:
     """A model only other hosts of the fleet have, as their snapshot shows it."""
     return {"id": row["id"], "object": "model", "created": 0, "owned_by": "omlx-site", "alias": router.alias(row["id"]),
             "state": row["state"], "size_bytes": row["size_bytes"], "capabilities": row.get("capabilities", []),
-            "context_length": row.get("context_length")}
+            "context_length": row.get("context_length"), **({"parent": row["base"]} if row.get("base") else {})}
 
 
 @api_route("GET", auth=require_key)
