@@ -44,3 +44,29 @@ def test_a_model_cannot_be_its_own_draft(start_server):
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "draft_model", refused.text
     done = manage(server, "draft", DEMO, DEMO)
     assert done.returncode != 0 and "its own draft" in done.stderr
+
+
+def test_with_a_draft_constraints_logprobs_and_stops_answer_as_without(start_server, demo_model_dir):
+    """Structured output (a grammar: never drafted), logprobs and a stop string, each as the same
+    model without a draft answers."""
+    plain = start_server()
+    drafted = start_server({DRAFT: demo_model_dir})
+    assert drafted.post(f"/admin/model/{DEMO}/settings", {"draft_model": DRAFT}).status_code == 200
+    schema = {"type": "object", "properties": {"sea": {"type": "string"}}, "required": ["sea"]}
+    bodies = [
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}},
+        {"logprobs": True, "top_logprobs": 2},
+        {"stop": ["sea"]},
+    ]
+    for body in bodies:
+        a = plain.chat(DEMO, messages=QUESTION, max_tokens=20, temperature=0, **body)
+        b = drafted.chat(DEMO, messages=QUESTION, max_tokens=20, temperature=0, **body)
+        assert a.status_code == b.status_code == 200, b.text
+        assert b.json()["choices"][0]["message"] == a.json()["choices"][0]["message"], body
+        if "logprobs" in body:
+            tokens = [(t["token"], round(t["logprob"], 3)) for t in b.json()["choices"][0]["logprobs"]["content"]]
+            assert tokens == [(t["token"], round(t["logprob"], 3))
+                              for t in a.json()["choices"][0]["logprobs"]["content"]]
+    grammar, with_logprobs = drafted.get("/api/requests").json()["data"][-1:-3:-1]     # newest first
+    assert grammar["draft_proposed"] == 0 and with_logprobs["draft_proposed"] > 0     # a grammar never drafts
+    assert drafted.model(DEMO)["draft"]["model"] == DRAFT
