@@ -13,7 +13,6 @@ set -uo pipefail
 tokenizer=$(realpath "$1"); shift
 wanted=" ${*:-multiturn long} "
 want() { [[ "$wanted" == *" $1 "* ]]; }
-limit() { local left=$(( ${END:-9999999999} - $(date +%s) - 10 )); echo $(( left < ${DEADLINE:-500} ? left : ${DEADLINE:-500} )); }
 source "$(dirname "$0")/common.sh"
 export MLX_PTX_CACHE_DIR=/tmp/kernels/ptx CUDA_CACHE_PATH=/tmp/kernels/cuda CUDA_CACHE_MAXSIZE=2147483648
 python3 -c 'import mlx.core as mx; print(mx.default_device(), mx.device_info().get("device_name"))'

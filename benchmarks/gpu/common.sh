@@ -9,3 +9,8 @@ build() {   # folder, size in MB, seed[, bits]
 from pool.catalog.fixture_models import make_fixture_model
 make_fixture_model('$1', $2, tokenizer_from='$tokenizer', dtype='bfloat16', seed=$3${4:+, bits=$4})"
 }
+
+limit() {   # seconds a benchmark may run: DEADLINE (500), or less where END (a `date +%s` time) comes first
+  local left=$(( ${END:-9999999999} - $(date +%s) - 10 ))
+  echo $(( left < ${DEADLINE:-500} ? left : ${DEADLINE:-500} ))
+}
