@@ -51,7 +51,7 @@ class Drafter:
 
     def note(self, sequence: SingleSequence) -> None:
         """A lone request's decoding ended (or left this path): its rate, its draft's acceptance."""
-        rate = sequence.decode_rate()
+        rate = sequence.decode_rate() if not sequence.processors else None    # a grammar's steps cost more
         r = self.record
         if isinstance(sequence, DraftedSequence):
             r = replace(r, proposed=r.proposed + sequence.proposed, accepted=r.accepted + sequence.accepted)
