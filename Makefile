@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: run test lint setup install blas browser services clients bench-cpu bench-single bench-concurrency bench-like-for-like bench-isolation bench-swap bench-enforcer bench-dashboard bench-multiturn bench-architectures bench-resume bench-kv bench-constrained bench-tracing bench-fleet bench-fleet-sim bench-vision bench-adapters soak soak-tests clean
+.PHONY: run test lint setup install blas browser services clients bench-cpu bench-single bench-concurrency bench-like-for-like bench-isolation bench-swap bench-enforcer bench-dashboard bench-multiturn bench-architectures bench-resume bench-kv bench-constrained bench-tracing bench-fleet bench-fleet-sim bench-vision bench-adapters bench-drafts soak soak-tests clean
 
 run: setup
 	$(PY) manage.py serve
@@ -112,6 +112,11 @@ bench-vision: setup
 # 16 LoRA adapters over one base: memory vs 16 fused copies, switching TTFT, 4 streams on 4 adapters vs the base
 bench-adapters: setup
 	$(PY) benchmarks/adapters.py
+
+# one stream with a draft model (issue 36): a 4-bit copy and an unrelated draft vs the model alone, in
+# omlx-site, mlx_lm.server --draft-model and raw mlx-lm
+bench-drafts: setup
+	$(PY) benchmarks/drafts.py
 
 bench-resume: setup
 	$(PY) benchmarks/resume.py
