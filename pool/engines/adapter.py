@@ -7,16 +7,20 @@ number of its adapters serve side by side. The rest (batching, the prompt cache,
 TextEngine's; its prompt cache and disk tier are its own, so one adapter's KV never serves another,
 nor the base's. The pool keeps the base loaded while an adapter of it is (pool/host/adapter_links.py).
 
-One batch never mixes adapters: mlx-lm's BatchGenerator runs one module tree over every row of a
-batch, and a LoRA layer holds one adapter; each adapter batches its own requests.
+An adapter of plain LoRA layers over a TextEngine then attaches its matrices to the base's engine
+(multi_lora.py) and lets its own tree go: its requests run in the base engine's batches, rows of
+several adapters and of the base in one batch, each with its own adapter, and their prompt cache
+entries scoped to the adapter there. A DoRA adapter, or one with LoRA on experts or the embedding,
+keeps its own tree and batches its own requests on its own thread.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -24,9 +28,11 @@ from mlx.utils import tree_flatten
 
 from ..catalog.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from ..catalog.kinds import read_json
+from .adapter_hosting import AdapterHosting
 from .generator import TextEngine
 from .memory_release import Watched
-from .protocol import LoadAborted
+from .multi_lora import Layers, lora_layers
+from .protocol import Chunk, LoadAborted, LoadResult, ReleaseResult, SamplingParams
 
 ADAPTER_LEAVES = ("lora_a", "lora_b", "m")     # what mlx-lm's LoRA and DoRA layers add
 
@@ -35,6 +41,8 @@ class AdapterEngine(TextEngine):
     def __init__(self, model_id: str, path: Path, *, base: TextEngine, **options: Any):
         super().__init__(model_id, path, **options)
         self._base = base
+        self._layers: Layers | None = None     # read, to attach to the base's engine after the load
+        self.mixed = False                     # attached: its requests run in the base engine's batches
 
     def _read_model(self, memory_free: threading.Event | None) -> tuple[Any, Any, dict, int]:
         base_model, tokenizer, config = self._base.parts()
@@ -45,7 +53,54 @@ class AdapterEngine(TextEngine):
         if self.abort_load:
             raise LoadAborted("load aborted: process memory pressure")
         model, own_bytes = over_base(base_model, self.path)
+        if isinstance(self._base, AdapterHosting):
+            self._layers = lora_layers(model)
         return model, tokenizer, config, own_bytes
+
+    def _open(self, memory_free: threading.Event | None) -> LoadResult:
+        result = super()._open(memory_free)
+        if self._layers is not None:
+            self._idle_jobs = []          # its requests will run on the base's warmed model
+        return result
+
+    async def load(self, *, memory_free: threading.Event | None = None) -> LoadResult:
+        result = await super().load(memory_free=memory_free)
+        if self._layers is not None:
+            layers, self._layers = self._layers, None
+            try:
+                await self._base.attach_adapter(self.model_id, layers)
+            except Exception:  # noqa: BLE001 - the base's engine ended (or refused): this load fails
+                await super().stop("its base model was unloaded")
+                raise LoadAborted(f"the base model of '{self.model_id}' was unloaded") from None
+            self.mixed = True
+            await self.call(self._let_go)
+        return result
+
+    def _let_go(self) -> None:
+        """Attached: the adapter's own tree (its matrices now stacked in the base's) is not needed."""
+        lanes, self._lanes = list(self._lanes.values()), {}
+        while lanes:
+            lanes.pop().close()
+        self._model = self._adapter_set = None
+
+    async def generate(self, tokens: list[int], params: SamplingParams) -> AsyncIterator[Chunk]:
+        if not self.mixed:
+            async for chunk in super().generate(tokens, params):
+                yield chunk
+            return
+        scope = f"{self.model_id}/{params.cache_scope}" if params.cache_scope else self.model_id
+        async for chunk in self._base.generate(tokens, dataclasses.replace(params, adapter=self.model_id,
+                                                                          cache_scope=scope)):
+            yield chunk
+
+    async def stop(self, message: str = "the model was unloaded") -> ReleaseResult:
+        if self.mixed:
+            self.mixed = False
+            try:
+                await self._base.detach_adapter(self.model_id, message)
+            except Exception:  # noqa: BLE001 - the base's engine has ended: nothing is attached any more
+                pass
+        return await super().stop(message)
 
     def _watch(self) -> Watched:
         """The adapter's own arrays: the base's stay, held by the base."""

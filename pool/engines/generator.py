@@ -21,6 +21,7 @@ from typing import Any, AsyncIterator, Callable
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
 
+from .adapter_hosting import AdapterHosting
 from .admission import Arrivals, PromptEncoding
 from .checkpoints import positions
 from .drafting import Drafter, DraftHolder, load_drafter
@@ -29,6 +30,7 @@ from .generation_request import Outbox, Request, received
 from .grammar import prepare as prepare_grammar
 from .lanes import BatchLane, SoloLane, new_cache, prefill_chunk
 from .loading import fill_weights, model_info, open_model
+from .multi_lora import AdapterSet
 from .processors import TokenText, logits_processors, sampler, token_logprob
 from .prompt_cache import PromptCache, make_prompt_cache_store
 from .protocol import (
@@ -53,7 +55,7 @@ PREFILL_STEP = 512         # prompt tokens read per step until the pool sets its
 PREFILL_STEP_ALONE = 2048  # ... by a request alone (OMLX_PREFILL_STEP_ALONE): it holds nobody up
 
 
-class TextEngine(PromptEncoding, PromptCaching, DraftHolder, EngineWorker):
+class TextEngine(PromptEncoding, PromptCaching, DraftHolder, AdapterHosting, EngineWorker):
     """One language model on one engine thread. Every public coroutine is safe to call from the event loop."""
 
     def __init__(self, model_id: str, path: Path, *, load: LoadOptions = LoadOptions(),
@@ -69,6 +71,7 @@ class TextEngine(PromptEncoding, PromptCaching, DraftHolder, EngineWorker):
         self._tokenizer = None
         self._config: dict = {}
         self._drafter: Drafter | None = None
+        self._adapter_set: AdapterSet | None = None     # its LoRA adapters' matrices, once one attaches
         self._lanes: dict[Any, BatchLane | SoloLane] = {}    # KVConfig, or ("solo", n) for quantized KV
         self._solo_ids = itertools.count()
         self._stop_tokens: list[list[int]] = []
@@ -128,6 +131,7 @@ class TextEngine(PromptEncoding, PromptCaching, DraftHolder, EngineWorker):
         started = time.perf_counter()
         model, tokenizer, config, weight_bytes = self._read_model(memory_free)
         self._model, self._tokenizer, self._config = model, tokenizer, config
+        self._adapter_set = AdapterSet(model)
         self._weight_bytes = weight_bytes
         self.model_info = model_info(model, config)
         if self._drafter is not None:
@@ -206,7 +210,7 @@ class TextEngine(PromptEncoding, PromptCaching, DraftHolder, EngineWorker):
                 self._start(req, req.tokens[cached:], cache, req.tokens[:cached], marks)
             else:
                 cache = cache if cache is not None else new_cache(self._model, p.kv)
-                self._prefills.append(SharedPrefill(self._model, req.tokens[cached:], cache,
+                self._prefills.append(SharedPrefill(self._model_for(p.adapter), req.tokens[cached:], cache,
                                                     req.tokens[:cached], choices, marks))
         except Exception as e:  # noqa: BLE001
             self._fail_start(choices, e)
@@ -222,7 +226,7 @@ class TextEngine(PromptEncoding, PromptCaching, DraftHolder, EngineWorker):
         req.uid = self._lanes[req.lane].insert(
             tokens, cache=cache, all_tokens=all_tokens, max_tokens=p.max_tokens,
             sampler=sampler(p.temperature, p.top_p),
-            processors=logits_processors(p, self._tokenizer), checkpoints=marks)
+            processors=logits_processors(p, self._tokenizer), checkpoints=marks, adapter=p.adapter)
         req.detokenizer = self._tokenizer.detokenizer
         self._requests[(req.lane, req.uid)] = req
 
@@ -264,9 +268,9 @@ class TextEngine(PromptEncoding, PromptCaching, DraftHolder, EngineWorker):
 
     def _new_lane(self, kv: KVConfig) -> BatchLane | SoloLane:
         if not kv.batches:
-            return SoloLane(self._model, kv, self._stop_tokens)
+            return SoloLane(self._model, kv, self._stop_tokens, self._adapter_set)
         return BatchLane(self._model, kv, self._stop_tokens, trimmable=self._trimmable,
-                         drafter=self._drafter if kv == KVConfig() else None)
+                         drafter=self._drafter if kv == KVConfig() else None, adapters=self._adapter_set)
 
     def _retire(self, key) -> None:
         """Close a lane its last request left, but the default one, which stays for the next."""
@@ -382,7 +386,7 @@ class TextEngine(PromptEncoding, PromptCaching, DraftHolder, EngineWorker):
         while lanes:                  # no name is left bound to a lane (and its model) after
             lanes.pop().close()
         self._prefills, self._token_text = [], None
-        self._model = self._tokenizer = self._drafter = None
+        self._model = self._tokenizer = self._drafter = self._adapter_set = None
         self._prompt_cache = None     # its entries' KV, the disk tier's unsaved ones too
         self._requests.clear()
         super()._drop_model()

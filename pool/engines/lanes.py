@@ -24,6 +24,7 @@ from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache, trim_prompt_
 
 from .checkpoints import segments
 from .drafting import DraftedSequence, Drafter
+from .multi_lora import AdapterSet, BatchRows, Fixed
 from .protocol import KVConfig
 from .single_sequence import Pending, SingleSequence, with_history
 
@@ -79,10 +80,11 @@ class BatchLane:
     between two steps enter the batch together, so their prompts are read as one batch."""
 
     def __init__(self, model, config: KVConfig, stop_tokens: list[list[int]], *, trimmable: bool = True,
-                 prefill_batch: int = 32, drafter: Drafter | None = None):
-        self.model, self.config, self._drafter = model, config, drafter
+                 prefill_batch: int = 32, drafter: Drafter | None = None, adapters: AdapterSet | None = None):
+        self.model, self.config, self._drafter, self._adapters = model, config, drafter, adapters
         self._drafts: dict[int, tuple[int, int]] = {}    # lane uid -> draft tokens (proposed, accepted) so far
-        self._generator = BatchGenerator(model, stop_tokens=stop_tokens, stream=generation_stream,
+        rows = BatchRows(adapters, self._adapter_of) if adapters is not None else model
+        self._generator = BatchGenerator(rows, stop_tokens=stop_tokens, stream=generation_stream,
                                          prefill_batch_size=prefill_batch, completion_batch_size=prefill_batch)
         self._stop = {t for seq in stop_tokens for t in seq if len(seq) == 1}
         self._fast = config.max_kv_size is None and trimmable
@@ -102,14 +104,30 @@ class BatchLane:
         self._prefill_step = self._generator.prefill_step_size = prefill_chunk(self.config, tokens)
 
     def insert(self, tokens: list[int], *, cache, all_tokens: list[int], max_tokens: int, sampler,
-               processors=(), checkpoints: tuple[int, ...] = ()) -> int:
-        """A request; `checkpoints`: prompt positions at which to hand out a copy of its KV (`checkpoints()`)."""
+               processors=(), checkpoints: tuple[int, ...] = (), adapter: str | None = None) -> int:
+        """A request; `checkpoints`: prompt positions at which to hand out a copy of its KV (`checkpoints()`);
+        `adapter`: a LoRA adapter attached to the lane's AdapterSet, its rows run with."""
         if cache is None and self.config.max_kv_size is not None:
             cache = new_cache(self.model, self.config)
         uid = next(self._uids)
         self._incoming.append(Pending(uid, list(tokens), cache, list(all_tokens), max_tokens, sampler,
-                                      tuple(processors), tuple(checkpoints)))
+                                      tuple(processors), tuple(checkpoints), adapter))
         return uid
+
+    def _adapter_of(self, g: int) -> str | None:
+        entered = self._batched.get(self._in_batch.get(g, -1))
+        return entered.adapter if entered is not None else None
+
+    def _alone(self, pending: Pending) -> SingleSequence:
+        """The single-sequence path for `pending`: drafted where the drafter wants it (never for an adapter)."""
+        if pending.adapter is None and self._drafter is not None and not pending.processors and self._drafter.wanted():
+            return DraftedSequence(self.model, pending, self._stop, self._drafter)
+        return self._plain(pending)
+
+    def _plain(self, pending: Pending) -> SingleSequence:
+        if pending.adapter is not None and self._adapters is not None:
+            return SingleSequence(Fixed(self._adapters, pending.adapter), pending, self._stop)
+        return SingleSequence(self.model, pending, self._stop)
 
     def step(self) -> list[Step]:
         self._place_incoming()
@@ -123,11 +141,7 @@ class BatchLane:
         if not self._incoming:
             return
         if self._fast and self._single is None and not self._in_batch and len(self._incoming) == 1:
-            pending = self._incoming.pop()
-            if self._drafter is not None and not pending.processors and self._drafter.wanted():
-                self._single = DraftedSequence(self.model, pending, self._stop, self._drafter)
-            else:
-                self._single = SingleSequence(self.model, pending, self._stop)
+            self._single = self._alone(self._incoming.pop())
             return
         if self._single is not None:          # company: the lone request joins the batch with them
             self._incoming.insert(0, self._leave_single().handover())
@@ -159,7 +173,7 @@ class BatchLane:
         token, logprobs, finish = out
         if finish is None:
             if isinstance(alone, DraftedSequence) and not alone.keeps_drafting():   # on plainly, from here
-                self._single = SingleSequence(self.model, self._leave_single().handover(), self._stop)
+                self._single = self._plain(self._leave_single().handover())
             return [Step(alone.uid, token, None, logprobs=logprobs)]
         self._leave_single()
         cache, tokens = alone.finished_cache()
@@ -168,7 +182,7 @@ class BatchLane:
     def drop_drafter(self) -> None:
         """No more drafting: a request drafting now goes on plainly from where it is."""
         if isinstance(self._single, DraftedSequence):
-            self._single = SingleSequence(self.model, self._leave_single().handover(), self._stop)
+            self._single = self._plain(self._leave_single().handover())
         self._drafter = None
 
     def _leave_single(self) -> SingleSequence:
@@ -176,7 +190,7 @@ class BatchLane:
         alone, self._single = self._single, None
         assert alone is not None
         alone.close()
-        if self._drafter is not None:
+        if self._drafter is not None and alone.adapter is None:
             self._drafter.note(alone)
         if isinstance(alone, DraftedSequence):
             proposed, accepted = self._drafts.get(alone.uid, (0, 0))
@@ -220,8 +234,9 @@ class BatchLane:
         cache, tokens = self._generator.remove([g], return_prompt_caches=True)[g]
         self._forget(g)
         trim_prompt_cache(cache, 1)           # the batch's look-ahead: feed its last token again
-        pending = Pending(uid, tokens[-1:], cache, tokens[:-1], remaining, entered.sampler, entered.processors)
-        self._single = SingleSequence(self.model, pending, self._stop)
+        pending = Pending(uid, tokens[-1:], cache, tokens[:-1], remaining, entered.sampler, entered.processors,
+                          adapter=entered.adapter)
+        self._single = self._plain(pending)
 
     def _forget(self, g: int) -> None:
         uid = self._in_batch.pop(g)
@@ -279,8 +294,8 @@ class SoloLane:
     """One request with quantized KV: mlx-lm's generate_step (kv_bits, kv_group_size,
     quantized_kv_start), stopping at the model's stop tokens and at max_tokens."""
 
-    def __init__(self, model, config: KVConfig, stop_tokens: list[list[int]]):
-        self.model, self.config = model, config
+    def __init__(self, model, config: KVConfig, stop_tokens: list[list[int]], adapters: AdapterSet | None = None):
+        self.model, self.config, self._adapters = model, config, adapters
         self._stop = {t for seq in stop_tokens for t in seq if len(seq) == 1}
         self._steps = None
         self._cache: list[Any] = []
@@ -291,11 +306,12 @@ class SoloLane:
         self._prefill_step = tokens                   # for a request not yet started
 
     def insert(self, tokens: list[int], *, cache, all_tokens: list[int], max_tokens: int, sampler,
-               processors=(), checkpoints: tuple[int, ...] = ()) -> int:
+               processors=(), checkpoints: tuple[int, ...] = (), adapter: str | None = None) -> int:
         self._cache = cache or make_prompt_cache(self.model)
         self._max_tokens = max_tokens
         c = self.config
-        self._steps = generate_step(mx.array(tokens), self.model, max_tokens=max_tokens, sampler=sampler,
+        model = Fixed(self._adapters, adapter) if adapter is not None and self._adapters is not None else self.model
+        self._steps = generate_step(mx.array(tokens), model, max_tokens=max_tokens, sampler=sampler,
                                     logits_processors=with_history(processors, all_tokens),
                                     prompt_cache=self._cache, kv_bits=c.kv_bits, kv_group_size=c.kv_group_size,
                                     quantized_kv_start=c.quantized_kv_start, prefill_step_size=self._prefill_step)

@@ -75,6 +75,7 @@ class SamplingParams:
     constraint: Any = None         # has make_processor(tokenizer) -> a logits processor
     cache_scope: str | None = None  # prompt cache entries it may reuse and makes: its API key's (None: shared)
     checkpoints: tuple[int, ...] = ()   # prompt positions the prompt cache keeps (a cache that cannot be cut back)
+    adapter: str | None = None     # a LoRA adapter attached to this (base) engine that the request runs with
     progress: Any = None           # the request's trace: the engine thread sets its `generated` and `prefill_done`
 
     @property

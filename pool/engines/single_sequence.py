@@ -34,6 +34,7 @@ class Pending:
     sampler: Callable
     processors: tuple = ()
     checkpoints: tuple[int, ...] = ()   # prompt positions to keep a copy of the KV at (checkpoints.py)
+    adapter: str | None = None          # the LoRA adapter its rows run with (multi_lora.py), None: the base
 
 
 def read_prompt_chunk(model, cache: list[Any], tokens: list[int]) -> None:
@@ -68,7 +69,7 @@ class SingleSequence:
     def __init__(self, model, pending: Pending, stop: set[int]):
         self.model, self.stop = model, stop
         self.uid, self.sampler, self.max_tokens = pending.uid, pending.sampler, pending.max_tokens
-        self.processors = pending.processors
+        self.processors, self.adapter = pending.processors, pending.adapter
         self.cache = pending.cache if pending.cache is not None else make_prompt_cache(model)
         self.fed = list(pending.all_tokens)     # tokens whose KV is in the cache, before generation
         self.pending = list(pending.tokens)     # prompt tokens not yet read
@@ -130,12 +131,12 @@ class SingleSequence:
         """Stop here and give the request to another generator, as a `Pending` it can insert."""
         if self._steps is None and not self.generated:
             return Pending(self.uid, self.pending, self.cache, self.fed, self.max_tokens, self.sampler,
-                           self.processors)
+                           self.processors, adapter=self.adapter)
         self.close()
         tokens = self.all_tokens
         self._trim_to(len(tokens) - 1)
         return Pending(self.uid, tokens[-1:], self.cache, tokens[:-1], self.max_tokens - len(self.generated),
-                       self.sampler, self.processors)
+                       self.sampler, self.processors, adapter=self.adapter)
 
     def _trim_to(self, length: int) -> None:
         excess = self.cache[0].offset - length

@@ -97,7 +97,7 @@ async def test_each_adapter_answers_as_mlx_lm_loads_it(base_dir, adapters):
     assert len(set(got)) == 3       # each adapter changes the answer: a mix-up would show
 
 
-async def test_the_base_module_tree_is_untouched_and_its_arrays_are_shared(base_dir, adapters):
+async def test_the_base_module_tree_is_untouched_and_its_arrays_are_shared(arch, base_dir, adapters):
     async with AsyncExitStack() as stack:
         base = await loaded(stack, TextEngine("base", base_dir))
         before = await answer(base)
@@ -109,11 +109,23 @@ async def test_the_base_module_tree_is_untouched_and_its_arrays_are_shared(base_
         assert {name: id(value) for name, value in arrays(base_model).items()} == \
             {name: id(value) for name, value in weights.items()}
         assert not any(name.rsplit(".", 1)[-1] in ADAPTER_LEAVES for name in weights)
-        over = arrays(adapter.parts()[0])
-        own = {name for name in over if name.rsplit(".", 1)[-1] in ADAPTER_LEAVES}
-        # every other array of the adapter's tree is one of the base's, the very object
-        assert {id(over[name]) for name in over.keys() - own} == {id(value) for value in weights.values()}
-        assert own == set(mx.load(str(adapters[0] / "adapters.safetensors")))
+        own = mx.load(str(adapters[0] / "adapters.safetensors"))
+        if arch == "qwen3_moe":
+            # LoRA on experts (SwitchLinear) does not mix: the adapter keeps a tree of its own,
+            # whose arrays are the base's but for its LoRA matrices
+            assert not adapter.mixed
+            over = arrays(adapter.parts()[0])
+            mine = {name for name in over if name.rsplit(".", 1)[-1] in ADAPTER_LEAVES}
+            assert {id(over[name]) for name in over.keys() - mine} == {id(value) for value in weights.values()}
+            assert mine == set(own)
+        else:
+            # a LoRA adapter mixes: its matrices are stacked in the base engine's tree, whose arrays
+            # are the base's, the very objects; its own tree is gone
+            assert adapter.mixed and adapter.parts()[0] is None
+            mixing = base._adapter_set
+            assert {id(value) for value in arrays(mixing._tree).values()} == {id(value) for value in weights.values()}
+            assert 0 <= mixing.nbytes - sum(value.nbytes for value in own.values()) < 1024   # and a scale a layer
+            del mixing
         assert await answer(adapter) != before
         assert await answer(base) == before
 

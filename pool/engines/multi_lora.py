@@ -1,0 +1,202 @@
+"""Several LoRA adapters of one base model in one batch (issue 36).
+
+mlx-lm's BatchGenerator runs one module tree over every row of a batch, and its LoRA layer holds
+one adapter. So the base engine keeps, beside its model, a second tree over the very same arrays
+(adapter.shared_copy) whose adapted linear layers are `MultiLoRALinear`s: each holds the LoRA
+matrices of every attached adapter stacked (the ranks padded with zeros to the largest), and adds,
+row by row, scale_i * (x A_i) B_i for the adapter of that row, which is what mlx-lm's LoRALinear
+adds for one adapter; a row of the base model adds that of any adapter times 0.
+
+Which adapter each row is comes from the batch object calling the model: mlx-lm's
+PromptProcessingBatch and GenerationBatch call `self.model(...)` with their rows in `self.uids`
+order, so `BatchRows` reads the caller's `uids` (a frame lookup: mlx-lm passes nothing else that
+names the rows). A batch of base rows only runs the base model itself, at no cost. A request alone
+runs through `Fixed`, the tree with its one adapter for every row.
+
+Only LoRA on linear layers mixes; an adapter with DoRA, experts (SwitchLinear) or an embedding
+keeps a module tree of its own (engines/adapter.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_unflatten
+
+Layers = dict[str, tuple[mx.array, mx.array, float]]   # module path -> (lora_a, lora_b, scale)
+
+
+class Rows:
+    """The model call running now, row by row: (index into the stacks, 1 for an adapter's row or 0
+    for the base's); None while no call mixes adapters."""
+    current: tuple[mx.array, mx.array] | None = None
+
+
+class MultiLoRALinear(nn.Module):
+    def __init__(self, linear: nn.Module, rows: Rows):
+        super().__init__()
+        self.linear = linear
+        object.__setattr__(self, "_rows", rows)
+        object.__setattr__(self, "_stack", None)   # (A: (S, in, r), B: (S, r, out), scale: (S,)): not parameters
+
+    def set_stack(self, a: mx.array, b: mx.array, scale: mx.array) -> None:
+        object.__setattr__(self, "_stack", (a, b, scale))
+
+    @property
+    def stack(self) -> tuple[mx.array, mx.array, mx.array]:
+        return self._stack
+
+    def __call__(self, x):
+        y = self.linear(x)
+        rows = self._rows.current
+        if rows is None:
+            return y
+        index, on = rows
+        a, b, scale = self._stack
+        flat = x.reshape(x.shape[0], -1, x.shape[-1])
+        z = (flat @ a[index]) @ b[index]
+        z = ((scale[index] * on)[:, None, None] * z).reshape(*y.shape)
+        return y + z.astype(x.dtype)
+
+
+class AdapterSet:
+    """The LoRA adapters attached to one base model. Changed and called on the base engine's thread only."""
+
+    def __init__(self, base: nn.Module):
+        self.base = base
+        self.rows = Rows()
+        self._tree: nn.Module | None = None
+        self._layers: dict[str, MultiLoRALinear] = {}
+        self._order: list[str] = []          # adapter ids; slot i + 1 is self._order[i]
+
+    def __contains__(self, adapter_id: str) -> bool:
+        return adapter_id in self._order
+
+    def slot(self, adapter_id: str | None) -> int:
+        return 0 if adapter_id is None else self._order.index(adapter_id) + 1
+
+    def add(self, adapter_id: str, layers: Layers) -> None:
+        """Attach an adapter's LoRA matrices (from `lora_layers`)."""
+        if adapter_id in self._order:
+            self.remove(adapter_id)
+        tree = self._tree_with(layers)
+        for path, layer in self._layers.items():
+            a, b, scale = layer.stack
+            if path in layers:
+                new_a, new_b, new_scale = layers[path]
+            else:
+                new_a, new_b, new_scale = mx.zeros((a.shape[1], 1), a.dtype), mx.zeros((1, b.shape[2]), b.dtype), 0.0
+            rank = max(a.shape[2], new_a.shape[1])
+            a = mx.concatenate([_pad(a, 2, rank), _pad(new_a, 1, rank)[None].astype(a.dtype)])
+            b = mx.concatenate([_pad(b, 1, rank), _pad(new_b, 0, rank)[None].astype(b.dtype)])
+            layer.set_stack(a, b, mx.concatenate([scale, mx.array([new_scale], mx.float32)]))
+        self._order.append(adapter_id)
+        self._tree = tree
+        mx.eval([t for layer in self._layers.values() for t in layer.stack])
+
+    def remove(self, adapter_id: str) -> None:
+        if adapter_id not in self._order:
+            return
+        keep = mx.array([i for i, kept in enumerate(self._order) if kept != adapter_id], mx.int32)
+        for layer in self._layers.values():
+            a, b, scale = layer.stack
+            layer.set_stack(a[keep], b[keep], scale[keep])
+        self._order.remove(adapter_id)
+        mx.eval([t for layer in self._layers.values() for t in layer.stack])
+
+    def _tree_with(self, layers: Layers) -> nn.Module:
+        """The mixing tree, its MultiLoRALinear put in at every path of `layers` it lacks (stacks of zeros)."""
+        from .adapter import shared_copy
+
+        tree = self._tree if self._tree is not None else shared_copy(self.base)
+        modules = dict(tree.named_modules())
+        new = {}
+        for path, (lora_a, lora_b, _) in layers.items():
+            if path in self._layers:
+                continue
+            layer = MultiLoRALinear(modules[path], self.rows)
+            slots = len(self._order)
+            layer.set_stack(mx.zeros((slots, lora_a.shape[0], 1), lora_a.dtype),
+                            mx.zeros((slots, 1, lora_b.shape[1]), lora_b.dtype), mx.zeros((slots,), mx.float32))
+            new[path] = layer
+        if new:
+            tree.update_modules(tree_unflatten(list(new.items())))
+            self._layers.update(new)
+        return tree
+
+    def run(self, slots: list[int], inputs, **kwargs):
+        if not any(slots) or self._tree is None:
+            return self.base(inputs, **kwargs)
+        self.rows.current = (mx.array([max(s - 1, 0) for s in slots], mx.int32),
+                             mx.array([1.0 if s else 0.0 for s in slots], mx.float32))
+        try:
+            return self._tree(inputs, **kwargs)
+        finally:
+            self.rows.current = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for layer in self._layers.values() for t in layer.stack)
+
+
+def _pad(x: mx.array, axis: int, size: int) -> mx.array:
+    """`x` padded with zeros along `axis` to `size` (a LoRA rank)."""
+    if x.shape[axis] == size:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return mx.pad(x, widths)
+
+
+class _ModelLike:
+    """Stands where mlx-lm expects the model: its attributes (layers, make_cache, args) are the base's."""
+    adapters: AdapterSet
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.adapters.base, name)
+
+
+class Fixed(_ModelLike):
+    """The model with one adapter (or none) for every row: a request decoding alone."""
+
+    def __init__(self, adapters: AdapterSet, adapter_id: str | None):
+        self.adapters, self.adapter_id = adapters, adapter_id
+
+    def __call__(self, inputs, **kwargs):
+        return self.adapters.run([self.adapters.slot(self.adapter_id)] * inputs.shape[0], inputs, **kwargs)
+
+
+class BatchRows(_ModelLike):
+    """The model a BatchGenerator calls: each row with its request's adapter (`adapter_of` a generator uid)."""
+
+    def __init__(self, adapters: AdapterSet, adapter_of: Callable[[int], str | None]):
+        self.adapters, self.adapter_of = adapters, adapter_of
+
+    def __call__(self, inputs, **kwargs):
+        if not self.adapters._order:
+            return self.adapters.base(inputs, **kwargs)
+        batch = sys._getframe(1).f_locals.get("self")
+        uids = getattr(batch, "uids", None)
+        if uids is None or len(uids) != inputs.shape[0]:
+            raise RuntimeError("a batch of mixed adapters was called without its rows (mlx-lm changed?)")
+        return self.adapters.run([self.adapters.slot(self.adapter_of(u)) for u in uids], inputs, **kwargs)
+
+
+def lora_layers(model: nn.Module) -> Layers | None:
+    """The LoRA matrices of an adapter's model (adapter.over_base), or None where any adapted layer
+    is not a plain LoRALinear (DoRA, experts, an embedding): such an adapter cannot mix."""
+    from mlx_lm.tuner.dora import DoRAEmbedding, DoRALinear
+    from mlx_lm.tuner.lora import LoRAEmbedding, LoRALinear, LoRASwitchLinear
+
+    layers: Layers = {}
+    for path, module in model.named_modules():
+        if isinstance(module, (DoRALinear, DoRAEmbedding, LoRAEmbedding, LoRASwitchLinear)):
+            return None
+        if isinstance(module, LoRALinear):
+            if getattr(module.dropout, "p", 0.0):
+                return None
+            layers[path] = (module.lora_a, module.lora_b, float(module.scale))
+    return layers or None
