@@ -100,7 +100,7 @@ def load_drafter(options: LoadOptions, config: dict, model_id: str) -> Drafter |
     if options.draft is None:
         return None
     try:
-        model, _, draft_config = open_model(options.draft, dequantize=options.dequantize)
+        model, _, draft_config = open_model(options.draft, dequantize=options.draft_dequantize)
     except Exception as e:  # noqa: BLE001 - a draft that cannot load leaves its model serving alone
         log.warning("%s: its draft %s could not be read (%s); it decodes without one", model_id, options.draft.name, e)
         return None

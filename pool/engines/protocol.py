@@ -43,6 +43,7 @@ class LoadOptions:
     warm_batches: tuple[int, ...] = ()   # after the load, batch sizes run once in the background (warmup.py)
     warm_prompt: int = 0              # and one prompt of this many tokens (0: none)
     draft: Path | None = None         # a draft model's folder: proposes tokens for a lone request (drafting.py)
+    draft_dequantize: bool = False    # read the draft dequantized (its own folder's choice, as for any model)
     draft_tokens: int = 3             # tokens it proposes a round (OMLX_DRAFT_TOKENS)
     draft_min_acceptance: float = 0.3  # below this share accepted, it stops paying (OMLX_DRAFT_MIN_ACCEPTANCE)
 

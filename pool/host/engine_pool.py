@@ -251,7 +251,8 @@ class EnginePool(PoolLifecycle):
         if entry.base is not None:       # held loaded by base_held
             options["base"] = self.entries[entry.base].engine
         if (draft := draft_of(self.entries, entry)) is not None:
-            options["load"] = replace(options["load"], draft=draft.path, draft_tokens=self.conf.draft_tokens,
+            options["load"] = replace(options["load"], draft=draft.path, draft_dequantize=draft.dequantize,
+                                      draft_tokens=self.conf.draft_tokens,
                                       draft_min_acceptance=self.conf.draft_min_acceptance)
         return options
 

@@ -95,3 +95,21 @@ def test_dropping_the_draft_mid_request_goes_on_plainly(demo_model_dir, plain):
     assert freed > 0 and 2 * freed == loaded.measured_bytes and again == 0     # the draft is the model's twin
     assert 0 < last.draft_proposed < TOKENS - 3                # it drafted, then stopped
     assert "draft" not in engine.model_info
+
+
+@pytest.mark.parametrize("dequantize", [False, True])
+def test_a_quantized_draft_is_read_as_its_own_folder_asks(demo_model_dir, dequantize):
+    # the pool dequantizes a folder on the CPU backend by the folder (its `dequantize`), the draft's
+    # own, whatever its model's: a 4-bit draft of a bf16 model is read dense where its folder would be
+    import json
+
+    import mlx.nn as nn
+
+    from pool.engines.drafting import load_drafter
+
+    config = json.loads((demo_model_dir / "config.json").read_text())
+    assert "quantization" in config
+    drafter = load_drafter(LoadOptions(draft=demo_model_dir, draft_dequantize=dequantize), config, "m")
+    assert drafter is not None
+    quantized = [m for _, m in drafter.model.named_modules() if isinstance(m, nn.QuantizedLinear)]
+    assert bool(quantized) != dequantize
