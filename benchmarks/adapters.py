@@ -229,6 +229,10 @@ def single_phase(ours, theirs, base_id: str, adapter_id: str, tokens: int, round
 
 def report(args, base: Path, mem: dict, fused: dict, switching: dict, waves: dict, single: dict | None) -> None:
     n = len(mem["adapters"])
+    if len(fused["files"]) < n:        # --fused: the copies measured, scaled to n
+        scale, measured_copies = n / len(fused["files"]), len(fused["files"])
+        fused = {**fused, "files": [statistics.mean(fused["files"])] * n, "active": fused["active"] * scale}
+        say(f"(fused copies: {measured_copies} built and loaded, scaled to {n})")
     own = mem["base"] + sum(mem["adapters"])
     weights_only = mem["active"] - mem["caches"]
     say()
@@ -282,6 +286,9 @@ def main():
     p.add_argument("--rounds", type=int, default=3, help="waves of each side (table 3)")
     p.add_argument("--switches", type=int, default=10, help="A -> B switches (table 2)")
     p.add_argument("--no-mlx-lm", action="store_true", help="skip mlx_lm.server --adapter-path")
+    p.add_argument("--fused", type=int, default=None,
+                   help="fuse and load only this many copies, the table scaling them to --adapters (a GPU run's "
+                        "2 GB copies take minutes each to write)")
     p.add_argument("--hold-fused", help=argparse.SUPPRESS)
     p.add_argument("--dequantize", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -294,7 +301,7 @@ def main():
     base = (args.model or demo_model()).resolve()
     say(f"building {args.adapters} adapters and their fused copies in {CACHE} (once)")
     adapters = adapter_folders(base, args.adapters)
-    fused = fused_folders(base, adapters)
+    fused = fused_folders(base, adapters[:args.fused or len(adapters)])
     base_id = base.name
     ids = [f"{base_id}:{a.name}" for a in adapters]
     single = None

@@ -12,5 +12,6 @@ make_fixture_model('$1', $2, tokenizer_from='$tokenizer', dtype='bfloat16', seed
 
 limit() {   # seconds a benchmark may run: DEADLINE (500), or less where END (a `date +%s` time) comes first
   local left=$(( ${END:-9999999999} - $(date +%s) - 10 ))
-  echo $(( left < ${DEADLINE:-500} ? left : ${DEADLINE:-500} ))
+  left=$(( left < ${DEADLINE:-500} ? left : ${DEADLINE:-500} ))
+  echo $(( left < 1 ? 1 : left ))    # timeout takes 0 as no limit, and no negative
 }

@@ -20,5 +20,5 @@ cd benchmarks
   --runs "${RUNS:-3}" 2>&1 | tee "$out/drafts.txt"
 if want adapters; then
   (cd .. && build "$bf16" 2000 1)
-  timeout "$(limit)" python3 adapters.py --model "$bf16" --rounds "${RUNS:-3}" 2>&1 | tee "$out/adapters.txt"
+  timeout "$(limit)" python3 adapters.py --model "$bf16" --rounds "${RUNS:-3}" --fused 2 2>&1 | tee "$out/adapters.txt"
 fi

@@ -41,8 +41,3 @@ class AdapterHosting:
         if adapter_id is None or self._adapter_set is None:
             return self._model
         return Fixed(self._adapter_set, adapter_id)
-
-    @property
-    def adapter_bytes(self) -> int:
-        """The stacked matrices of the attached adapters (each adapter's entry counts its own share)."""
-        return self._adapter_set.nbytes if self._adapter_set is not None else 0
