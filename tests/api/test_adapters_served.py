@@ -77,6 +77,9 @@ def test_adapters_run_side_by_side_and_never_share_a_prompt_cache(start_server, 
     alone = {name: server.chat(name, messages=QUESTION, max_tokens=12, temperature=0).json() for name in (PIRATE, POET)}
     assert [alone[PIRATE]["choices"][0]["message"]["content"], alone[POET]["choices"][0]["message"]["content"]] == \
         together[:2]
+    # n > 1: the prompt read once with the adapter, each choice decoding with it
+    twice = server.chat(PIRATE, messages=QUESTION, max_tokens=12, temperature=0, n=2, cache_prompt=False).json()
+    assert [c["message"]["content"] for c in twice["choices"]] == together[:1] * 2
     # the same conversation on another adapter (or the base) starts from nothing: its KV differs
     follow = QUESTION + [{"role": "assistant", "content": together[0]}, {"role": "user", "content": "And then?"}]
     first = server.chat(PIRATE, messages=follow, max_tokens=4, temperature=0).json()
