@@ -1,7 +1,8 @@
 """A draft model through the server, set the documented ways: `manage.py draft` against the running
 server and the settings API. The pair loads as one model (its measured bytes count both), a lone
 request's trace shows the tokens proposed and accepted, /metrics counts them, the answer is the
-plain one, and an unload lets go of both."""
+plain one, a request naming a draft of its own (mlx_lm.server's fields) is served by the model's,
+and an unload lets go of both."""
 
 from tests.conftest import DEMO
 from tests.pool.test_commands import manage
@@ -29,6 +30,11 @@ def test_a_draft_set_with_manage_py_serves_and_is_traced(start_server, demo_mode
     assert trace["draft_proposed"] > 0 and trace["draft_accepted"] == trace["draft_proposed"]
     metrics = server.get("/metrics").text
     assert f'draft_tokens_total{{model="{DEMO}",outcome="accepted"}} {float(trace["draft_accepted"])}' in metrics
+    # mlx_lm.server's request fields name a draft per request: here the model's setting decides
+    theirs = server.chat(DEMO, messages=QUESTION, max_tokens=24, temperature=0, draft_model="other", num_draft_tokens=5)
+    assert theirs.status_code == 200, theirs.text
+    assert theirs.json()["choices"][0]["message"] == answer.json()["choices"][0]["message"]
+    assert server.model(DEMO)["draft"]["model"] == DRAFT
 
     assert server.post(f"/api/models/{DEMO}/unload", {}).status_code == 200
     assert server.model(DEMO)["draft"] is None
