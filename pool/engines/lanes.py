@@ -87,7 +87,9 @@ class BatchLane:
         self._generator = BatchGenerator(rows, stop_tokens=stop_tokens, stream=generation_stream,
                                          prefill_batch_size=prefill_batch, completion_batch_size=prefill_batch)
         self._stop = {t for seq in stop_tokens for t in seq if len(seq) == 1}
-        self._fast = config.max_kv_size is None and trimmable
+        self._fast = config.max_kv_size is None           # a lone request takes the single-sequence path
+        self._trimmable = trimmable                       # ... and can leave the batch again, or draft
+        self._handed: list[Step] = []                     # tokens handed out by a move into the batch
         self._uids = itertools.count()
         self._incoming: list[Pending] = []
         self._single: SingleSequence | None = None
@@ -120,7 +122,8 @@ class BatchLane:
 
     def _alone(self, pending: Pending) -> SingleSequence:
         """The single-sequence path for `pending`: drafted where the drafter wants it (never for an adapter)."""
-        if pending.adapter is None and self._drafter is not None and not pending.processors and self._drafter.wanted():
+        if pending.adapter is None and self._trimmable and self._drafter is not None and not pending.processors \
+                and self._drafter.wanted():
             return DraftedSequence(self.model, pending, self._stop, self._drafter)
         return self._plain(pending)
 
@@ -131,11 +134,12 @@ class BatchLane:
 
     def step(self) -> list[Step]:
         self._place_incoming()
+        handed, self._handed = self._handed, []
         if self._single is not None:
-            return self._step_single()
+            return handed + self._step_single()
         steps = self._step_batch()
         self._maybe_leave_batch()
-        return steps
+        return handed + steps
 
     def _place_incoming(self) -> None:
         if not self._incoming:
@@ -144,10 +148,22 @@ class BatchLane:
             self._single = self._alone(self._incoming.pop())
             return
         if self._single is not None:          # company: the lone request joins the batch with them
-            self._incoming.insert(0, self._leave_single().handover())
+            self._join_batch(self._leave_single())
         entering, self._incoming = shortest_first(self._incoming, self._unstarted_lengths())
         for pending in entering:
             self._to_batch(pending)
+
+    def _join_batch(self, alone: SingleSequence) -> None:
+        if self._trimmable or not alone.generated:
+            self._incoming.insert(0, alone.handover())
+            return
+        token, logprobs, pending, held = alone.handover_ahead()
+        if pending is not None:
+            self._incoming.insert(0, pending)
+            self._handed.append(Step(alone.uid, token, None, logprobs=logprobs))
+            return
+        finish = "stop" if token in self._stop else "length"     # the token ahead was its last
+        self._handed.append(Step(alone.uid, token, finish, alone.cache, held, logprobs))
 
     def _unstarted_lengths(self) -> list[int]:
         """Prompt tokens of the batch's requests that have not produced their first token yet."""
@@ -167,6 +183,7 @@ class BatchLane:
     def _step_single(self) -> list[Step]:
         alone = self._single
         out = alone.step(self._prefill_step)
+        self._kept.extend((alone.uid, cache, tokens) for cache, tokens in alone.take_kept())
         if out is None:
             self._read[alone.uid] = len(alone.fed)
             return []
@@ -225,7 +242,7 @@ class BatchLane:
 
     def _maybe_leave_batch(self) -> None:
         """A request left alone in the batch, past its prompt, continues on the single path."""
-        if not self._fast or len(self._in_batch) != 1 or self._incoming:
+        if not (self._fast and self._trimmable) or len(self._in_batch) != 1 or self._incoming:
             return
         (g, uid), = self._in_batch.items()
         if not self._generated[uid]:

@@ -6,19 +6,24 @@ runs it through `generate_step`, and hands it back to the batch when another req
 
 A request moves between the two with its KV cache and the tokens in it. Both generators run one
 step ahead, so the cache always holds the last token handed out; a move trims that token and
-feeds it again, which yields the same next token (`Pending`, below). So only a model whose caches
-can always be cut back (plain KVCaches: `KVLayout.trimmable`) takes this path; the others stay in
-the batch, as mlx_lm.server keeps every request."""
+feeds it again, which yields the same next token (`Pending`, below). A model whose caches cannot be
+cut back (a recurrent state, a sliding window: `KVLayout.trimmable` false) moves the other way: the
+token `generate_step` has already sampled ahead is handed out, and the batch feeds it
+(`handover_ahead`); such a request never leaves the batch again (the batch's look-ahead is not
+reachable), and it keeps copies of its KV at its prompt's checkpoints as the batch would."""
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step, generation_stream
-from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+
+from .checkpoints import next_stop
 
 
 @dataclass
@@ -75,7 +80,10 @@ class SingleSequence:
         self.pending = list(pending.tokens)     # prompt tokens not yet read
         self.generated: list[int] = []
         self.first_token_at = 0.0
+        self.checkpoints = pending.checkpoints
+        self.kept: list[tuple[list[Any], list[int]]] = []   # (a copy of the KV, its tokens) per checkpoint passed
         self._steps: Any = None
+        self._ahead: tuple[Any, Any] | None = None      # (token, logprobs) generate_step sampled ahead
 
     def step(self, prefill_step: int) -> tuple[int, Any, str | None] | None:
         """Read one chunk of prompt (returns None) or decode one token: (token, its logprobs
@@ -97,14 +105,20 @@ class SingleSequence:
         """Read one chunk of the prompt, all but its last token; False when there is none left."""
         if len(self.pending) <= 1:
             return False
-        n = min(prefill_step, len(self.pending) - 1)
+        n = min(next_stop(len(self.fed), self.checkpoints, prefill_step), len(self.pending) - 1)
         read_prompt_chunk(self.model, self.cache, self.pending[:n])
         self.fed += self.pending[:n]
         del self.pending[:n]
+        if len(self.fed) in self.checkpoints:
+            self.kept.append((copy.deepcopy(self.cache), list(self.fed)))
         return True
 
     def _start(self):
-        return generate_step(mx.array(self.pending), self.model, max_tokens=self.max_tokens, sampler=self.sampler,
+        def sample(logprobs):     # generate_step samples a token ahead of the one it hands out
+            token = self.sampler(logprobs)
+            self._ahead = (token, logprobs)
+            return token
+        return generate_step(mx.array(self.pending), self.model, max_tokens=self.max_tokens, sampler=sample,
                              prompt_cache=self.cache, logits_processors=with_history(self.processors, self.fed))
 
     def _next(self) -> tuple[int, Any]:
@@ -125,23 +139,45 @@ class SingleSequence:
         tokens = self.all_tokens
         self._trim_to(len(tokens))
         # a speculative round's end leaves the last token out of the cache (drafting.py)
-        return self.cache, tokens[: self.cache[0].offset]
+        held = _length(self.cache)
+        return self.cache, tokens if held is None else tokens[:held]
 
     def handover(self) -> Pending:
         """Stop here and give the request to another generator, as a `Pending` it can insert."""
         if self._steps is None and not self.generated:
             return Pending(self.uid, self.pending, self.cache, self.fed, self.max_tokens, self.sampler,
-                           self.processors, adapter=self.adapter)
+                           self.processors, self.checkpoints, adapter=self.adapter)
         self.close()
         tokens = self.all_tokens
         self._trim_to(len(tokens) - 1)
         return Pending(self.uid, tokens[-1:], self.cache, tokens[:-1], self.max_tokens - len(self.generated),
                        self.sampler, self.processors, adapter=self.adapter)
 
+    def handover_ahead(self) -> tuple[int, Any, Pending | None, list[int]]:
+        """For a cache that cannot be cut back: stop here and hand out the token sampled ahead: (it,
+        its logprobs vector, the request as a `Pending` whose prompt is that token, or None when that
+        token ends the request, the tokens whose KV the cache holds)."""
+        token, logprobs = self._ahead if self._ahead is not None else (None, None)
+        self.close()
+        if token is None:
+            raise RuntimeError("no token was sampled ahead")
+        token = int(token.item())
+        logprobs = logprobs.squeeze(0) if logprobs.ndim == 2 else logprobs
+        tokens = self.all_tokens
+        self.generated.append(token)
+        if token in self.stop or len(self.generated) >= self.max_tokens:
+            return token, logprobs, None, tokens
+        return token, logprobs, Pending(self.uid, [token], self.cache, tokens, self.max_tokens - len(self.generated),
+                                        self.sampler, self.processors, adapter=self.adapter), tokens
+
+    def take_kept(self) -> list[tuple[list[Any], list[int]]]:
+        kept, self.kept = self.kept, []
+        return kept
+
     def _trim_to(self, length: int) -> None:
-        excess = self.cache[0].offset - length
-        if excess > 0:
-            trim_prompt_cache(self.cache, excess)
+        held = _length(self.cache)
+        if held is not None and held > length and can_trim_prompt_cache(self.cache):
+            trim_prompt_cache(self.cache, held - length)
 
     @property
     def kv_bytes(self) -> int:
@@ -151,3 +187,8 @@ class SingleSequence:
         if self._steps is not None:
             self._steps.close()
             self._steps = None
+
+
+def _length(cache: list[Any]) -> int | None:
+    """Tokens a prompt cache holds, from its first layer that counts them (a recurrent state does not)."""
+    return next((c.offset for c in cache if hasattr(c, "offset")), None)

@@ -131,3 +131,36 @@ def test_a_long_prompt_reports_its_tokens_read_chunk_by_chunk(demo, company):
         reads += [n for u, n in lane.prompt_read().items() if u == uid]
     assert len(reads) >= len(long) // 64 - 1 and reads == sorted(reads) and 0 < reads[0] < reads[-1] < len(long)
     assert lane.prompt_read() == {}                     # said once
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "falcon_h1", "gemma3_text"])
+@pytest.mark.parametrize("arrives_after", [4, 19])
+def test_a_lone_request_whose_cache_cannot_be_cut_back_moves_into_the_batch_by_its_token_ahead(
+        arch, arrives_after, make_model):
+    """A recurrent state (qwen3_5, falcon_h1) or a sliding window cannot give its last token back: the
+    lone request hands out the token generate_step sampled ahead and the batch feeds it; it stays in
+    the batch (19: that token is its last)."""
+    from mlx_lm.utils import load
+
+    model, tokenizer = load(str(make_model(f"arch-{arch}", None, arch=arch)))
+    a, b = prompt(tokenizer, "What is the capital of France?"), prompt(tokenizer, "Write a poem about the sea.")
+    expected = {"a": alone_greedy(model, tokenizer, a, 20), "b": alone_greedy(model, tokenizer, b, 30)}
+    assert len(expected["a"]) == 20          # random weights: no early end-of-sequence to hide the 19 case
+
+    lane = BatchLane(model, KVConfig(), [[t] for t in sorted(tokenizer.eos_token_ids)], trimmable=False)
+    uids = {insert(lane, a, 20): "a"}
+    got, paths, last = {"a": [], "b": []}, [], {}
+    while not lane.empty:
+        for s in lane.step():
+            got[uids[s.uid]].append(s.token)
+            if s.finish_reason is not None:
+                last[uids[s.uid]] = s
+        paths.append(uids.get(lane.alone_uid))
+        if len(got["a"]) == arrives_after and len(uids) == 1:
+            uids[insert(lane, b, 30)] = "b"
+    assert got == expected
+    seen = [p for i, p in enumerate(paths) if i == 0 or paths[i - 1] != p]
+    assert seen == ["a", None], paths            # never back to the single path
+    assert last["a"].finish_reason == "length"
+    if arrives_after == 19:                      # its last token was handed out, never fed: the KV holds 19
+        assert len(last["a"].all_tokens) == len(a) + 19
