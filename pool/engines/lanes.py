@@ -8,9 +8,11 @@ cache). Quantized KV (`kv_bits`) has no batched cache in mlx-lm, so each such re
 `SoloLane` of its own: mlx-lm's generate_step, one token per engine step, beside the batches. The
 engine steps every lane in turn, so all of them run concurrently on its one thread.
 
-A model whose caches cannot be cut back (checkpoints.py) never takes the single-sequence path, and
-its prompts enter the generator cut at their checkpoints (`insert_segments`): at each segment's end
-the lane copies the request's KV out (`extract_cache`) for the engine to keep (`checkpoints()`)."""
+A model whose caches cannot be cut back (checkpoints.py) keeps copies of a prompt's KV at its
+checkpoints: on the single-sequence path as the prompt is read, in the batch by cutting the prompt
+at them (`insert_segments`; at each segment's end the lane copies the request's KV out with
+`extract_cache`), for the engine to keep (`checkpoints()`). Such a request moves into the batch by
+the token sampled ahead (single_sequence.py) and never leaves it again."""
 
 from __future__ import annotations
 
