@@ -25,8 +25,14 @@ async def answer(engine, i: int, tokens: int = TOKENS):
     return text, last
 
 
+def dense(draft) -> LoadOptions:
+    """Target and draft read dequantized, as the pool reads the 4-bit demo on the CPU backend (whose
+    quantized matmuls are several times slower)."""
+    return LoadOptions(draft=draft, dequantize=True, draft_dequantize=True)
+
+
 async def answers(draft, count: int, base) -> list:
-    engine = TextEngine("m", base, load=LoadOptions(draft=draft))
+    engine = TextEngine("m", base, load=dense(draft))
     loaded = await engine.load()
     try:
         return [loaded, engine] + [await answer(engine, i) for i in range(count)]
@@ -60,7 +66,7 @@ def test_a_draft_that_does_not_agree_is_dropped_and_changes_no_answer(demo_model
 
 def test_requests_together_decode_plainly_in_the_batch(demo_model_dir):
     async def run():
-        engine = TextEngine("m", demo_model_dir, load=LoadOptions(draft=demo_model_dir))
+        engine = TextEngine("m", demo_model_dir, load=dense(demo_model_dir))
         await engine.load()
         try:
             alone = [await answer(engine, i, 12) for i in range(2)]
@@ -76,7 +82,7 @@ def test_requests_together_decode_plainly_in_the_batch(demo_model_dir):
 def test_dropping_the_draft_mid_request_goes_on_plainly(demo_model_dir, plain):
     """Memory pressure's DROP_DRAFT: the lone drafting request continues without it, to the same answer."""
     async def run():
-        engine = TextEngine("m", demo_model_dir, load=LoadOptions(draft=demo_model_dir))
+        engine = TextEngine("m", demo_model_dir, load=dense(demo_model_dir))
         loaded = await engine.load()
         try:
             prompt = await asyncio.to_thread(engine.encode_chat, [{"role": "user", "content": QUESTION.format(0)}])
