@@ -142,7 +142,7 @@ class TextEngine(PromptEncoding, PromptCaching, DraftHolder, AdapterHosting, Eng
                                                      trimmable=self._trimmable)
         self._stop_tokens = [[t] for t in sorted(tokenizer.eos_token_ids)]
         self._lanes = {KVConfig(): self._new_lane(KVConfig())}
-        self._idle_jobs = warm_jobs(lambda: (self._model, self._stop_tokens, self.prefill_step_alone),
+        self._idle_jobs = warm_jobs(lambda: (self._model, self._stop_tokens, self.prefill_step_alone, self._trimmable),
                                     self._load_options, model_id=self.model_id)
         return LoadResult(measured_bytes=weight_bytes,
                           seconds=time.perf_counter() - started, model_info=self.model_info)

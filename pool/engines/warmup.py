@@ -30,10 +30,11 @@ DECODE_TOKENS = 4         # tokens each shape generates: the decode kernels at i
 FIRST_TOKEN_ID = 100      # prompts are ids from here: ordinary tokens in any vocabulary
 
 
-def warm_jobs(state: Callable[[], tuple[Any, list[list[int]], int]], options: LoadOptions, *,
+def warm_jobs(state: Callable[[], tuple[Any, list[list[int]], int, bool]], options: LoadOptions, *,
               model_id: str = "") -> list[Callable[[], None]]:
     """The jobs for the shapes `options` names, most used first. `state()` gives (model, stop tokens,
-    prefill step) when a job runs, so no job holds the model while it waits."""
+    prefill step, whether its caches can be cut back) when a job runs, so no job holds the model while
+    it waits."""
     batches, prompt_tokens = options.warm_batches, options.warm_prompt
     shapes = ([(1, prompt_tokens + SHORT_PROMPT)] if prompt_tokens else []) + [(b, SHORT_PROMPT) for b in batches]
     if not shapes:
@@ -48,16 +49,16 @@ def warm_jobs(state: Callable[[], tuple[Any, list[list[int]], int]], options: Lo
     return [first] + [functools.partial(run_shape, state, batch, tokens) for batch, tokens in shapes] + [last]
 
 
-def run_shape(state: Callable[[], tuple[Any, list[list[int]], int]], batch: int, tokens: int) -> None:
+def run_shape(state: Callable[[], tuple[Any, list[list[int]], int, bool]], batch: int, tokens: int) -> None:
     """`batch` prompts of `tokens` tokens each in a lane of their own, arriving as traffic does: one
     first (the single-sequence path), the others a step later (the handover into the batch, whose
     prefill runs beside a request decoding), each generating a token more than the one before, so
     the batch shrinks one by one back to the single path. The first run on an H200 left 16.7 s of
     kernels to the first 8 requests when every prompt entered at once and all ended together."""
-    model, stop_tokens, prefill_step = state()
+    model, stop_tokens, prefill_step, trimmable = state()
     if model is None:
         return
-    lane = BatchLane(model, KVConfig(), stop_tokens)
+    lane = BatchLane(model, KVConfig(), stop_tokens, trimmable=trimmable)    # the path its requests take
     try:
         lane.set_prefill_step(prefill_step)
         # greedy alone (the default), sampled in batches: both samplers' kernels get compiled
