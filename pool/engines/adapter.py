@@ -78,9 +78,7 @@ class AdapterEngine(TextEngine):
 
     def _let_go(self) -> None:
         """Attached: the adapter's own tree (its matrices now stacked in the base's) is not needed."""
-        lanes, self._lanes = list(self._lanes.values()), {}
-        while lanes:
-            lanes.pop().close()
+        self._close_lanes()
         self._model = self._adapter_set = None
 
     async def generate(self, tokens: list[int], params: SamplingParams) -> AsyncIterator[Chunk]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .multi_lora import AdapterSet, Fixed, Layers
+from .multi_lora import AdapterSet, Layers, model_for
 from .protocol import RequestAborted
 
 
@@ -38,6 +38,4 @@ class AdapterHosting:
 
     def _model_for(self, adapter_id: str | None):
         """The model a request's prompt is read with outside the lanes (a shared prefill)."""
-        if adapter_id is None or self._adapter_set is None:
-            return self._model
-        return Fixed(self._adapter_set, adapter_id)
+        return model_for(self._model, self._adapter_set, adapter_id)

@@ -381,10 +381,13 @@ class TextEngine(PromptEncoding, PromptCaching, DraftHolder, AdapterHosting, Eng
             self._prompt_cache.clear()
         mx.synchronize(generation_stream)  # mlx-lm's look-ahead step still holds arrays
 
-    def _drop_model(self) -> None:
+    def _close_lanes(self) -> None:
         lanes, self._lanes = list(self._lanes.values()), {}
         while lanes:                  # no name is left bound to a lane (and its model) after
             lanes.pop().close()
+
+    def _drop_model(self) -> None:
+        self._close_lanes()
         self._prefills, self._token_text = [], None
         self._model = self._tokenizer = self._drafter = self._adapter_set = None
         self._prompt_cache = None     # its entries' KV, the disk tier's unsaved ones too

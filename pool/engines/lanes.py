@@ -26,7 +26,7 @@ from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache, trim_prompt_
 
 from .checkpoints import segments
 from .drafting import DraftedSequence, Drafter
-from .multi_lora import AdapterSet, BatchRows, Fixed
+from .multi_lora import AdapterSet, BatchRows, model_for
 from .protocol import KVConfig
 from .single_sequence import Pending, SingleSequence, with_history
 
@@ -130,9 +130,7 @@ class BatchLane:
         return self._plain(pending)
 
     def _plain(self, pending: Pending) -> SingleSequence:
-        if pending.adapter is not None and self._adapters is not None:
-            return SingleSequence(Fixed(self._adapters, pending.adapter), pending, self._stop)
-        return SingleSequence(self.model, pending, self._stop)
+        return SingleSequence(model_for(self.model, self._adapters, pending.adapter), pending, self._stop)
 
     def step(self) -> list[Step]:
         self._place_incoming()
@@ -329,7 +327,7 @@ class SoloLane:
         self._cache = cache or make_prompt_cache(self.model)
         self._max_tokens = max_tokens
         c = self.config
-        model = Fixed(self._adapters, adapter) if adapter is not None and self._adapters is not None else self.model
+        model = model_for(self.model, self._adapters, adapter)
         self._steps = generate_step(mx.array(tokens), model, max_tokens=max_tokens, sampler=sampler,
                                     logits_processors=with_history(processors, all_tokens),
                                     prompt_cache=self._cache, kv_bits=c.kv_bits, kv_group_size=c.kv_group_size,

@@ -75,6 +75,9 @@ class AdapterSet:
     def __contains__(self, adapter_id: str) -> bool:
         return adapter_id in self._order
 
+    def __len__(self) -> int:
+        return len(self._order)
+
     def slot(self, adapter_id: str | None) -> int:
         return 0 if adapter_id is None else self._order.index(adapter_id) + 1
 
@@ -169,6 +172,13 @@ class Fixed(_ModelLike):
         return self.adapters.run([self.adapters.slot(self.adapter_id)] * inputs.shape[0], inputs, **kwargs)
 
 
+def model_for(model, adapters: AdapterSet | None, adapter_id: str | None):
+    """What runs a request of `adapter_id` alone: the base `model` itself, or the mixing tree with that adapter."""
+    if adapter_id is None or adapters is None:
+        return model
+    return Fixed(adapters, adapter_id)
+
+
 class BatchRows(_ModelLike):
     """The model a BatchGenerator calls: each row with its request's adapter (`adapter_of` a generator uid)."""
 
@@ -176,7 +186,7 @@ class BatchRows(_ModelLike):
         self.adapters, self.adapter_of = adapters, adapter_of
 
     def __call__(self, inputs, **kwargs):
-        if not self.adapters._order:
+        if not self.adapters:
             return self.adapters.base(inputs, **kwargs)
         batch = sys._getframe(1).f_locals.get("self")
         uids = getattr(batch, "uids", None)
@@ -196,7 +206,5 @@ def lora_layers(model: nn.Module) -> Layers | None:
         if isinstance(module, (DoRALinear, DoRAEmbedding, LoRAEmbedding, LoRASwitchLinear)):
             return None
         if isinstance(module, LoRALinear):
-            if getattr(module.dropout, "p", 0.0):
-                return None
             layers[path] = (module.lora_a, module.lora_b, float(module.scale))
     return layers or None

@@ -157,11 +157,11 @@ class SingleSequence:
         """For a cache that cannot be cut back: stop here and hand out the token sampled ahead: (it,
         its logprobs vector, the request as a `Pending` whose prompt is that token, or None when that
         token ends the request, the tokens whose KV the cache holds)."""
-        token, logprobs = self._ahead if self._ahead is not None else (None, None)
         self.close()
-        if token is None:
+        if self._ahead is None:
             raise RuntimeError("no token was sampled ahead")
-        token = int(token.item())
+        sampled, logprobs = self._ahead
+        token = int(sampled.item())
         logprobs = logprobs.squeeze(0) if logprobs.ndim == 2 else logprobs
         tokens = self.all_tokens
         self.generated.append(token)

@@ -26,12 +26,28 @@ def alone_greedy(model, tokenizer, tokens: list[int], max_tokens: int) -> list[i
     return out
 
 
-def lane_for(model, tokenizer) -> BatchLane:
-    return BatchLane(model, KVConfig(), [[t] for t in sorted(tokenizer.eos_token_ids)])
+def lane_for(model, tokenizer, trimmable: bool = True) -> BatchLane:
+    return BatchLane(model, KVConfig(), [[t] for t in sorted(tokenizer.eos_token_ids)], trimmable=trimmable)
 
 
 def insert(lane, tokens, max_tokens):
     return lane.insert(tokens, cache=None, all_tokens=[], max_tokens=max_tokens, sampler=make_sampler(temp=0))
+
+
+def a_then_b(lane: BatchLane, a: list[int], b: list[int], arrives_after: int):
+    """Request a (20 tokens) alone, and b (30) once a has `arrives_after` tokens: (each one's tokens, the
+    lane's path step by step with repeats dropped: who was alone, None for the batch, each one's last Step)."""
+    uids = {insert(lane, a, 20): "a"}
+    got, paths, last = {"a": [], "b": []}, [], {}
+    while not lane.empty:
+        for s in lane.step():
+            got[uids[s.uid]].append(s.token)
+            if s.finish_reason is not None:
+                last[uids[s.uid]] = s
+        paths.append(uids.get(lane.alone_uid))
+        if len(got["a"]) == arrives_after and len(uids) == 1:
+            uids[insert(lane, b, 30)] = "b"
+    return got, [p for i, p in enumerate(paths) if i == 0 or paths[i - 1] != p], last
 
 
 def test_a_lone_request_runs_alone_and_two_that_arrive_together_share_the_batch(demo):
@@ -63,21 +79,9 @@ def test_a_request_moves_into_the_batch_and_back_without_changing_its_tokens(dem
     a, b = prompt(tokenizer, "What is the capital of France?"), prompt(tokenizer, "Write a poem about the sea.")
     expected = {"a": alone_greedy(model, tokenizer, a, 20), "b": alone_greedy(model, tokenizer, b, 30)}
 
-    lane = lane_for(model, tokenizer)
-    uids = {insert(lane, a, 20): "a"}
-    got, paths, last = {"a": [], "b": []}, [], {}
-    while not lane.empty:
-        for s in lane.step():
-            got[uids[s.uid]].append(s.token)
-            if s.finish_reason is not None:
-                last[uids[s.uid]] = s
-        paths.append(uids.get(lane.alone_uid))
-        if len(got["a"]) == 4 and len(uids) == 1:
-            uids[insert(lane, b, 30)] = "b"
+    got, seen, last = a_then_b(lane_for(model, tokenizer), a, b, arrives_after=4)
     assert got == expected
-    # a alone, both in the batch, then b alone once a has finished
-    seen = [p for i, p in enumerate(paths) if i == 0 or paths[i - 1] != p]
-    assert seen == ["a", None, "b", None], paths
+    assert seen == ["a", None, "b", None]       # a alone, both in the batch, then b alone once a has finished
     # the finished request's KV and tokens agree, for the prompt cache
     for name in "ab":
         assert last[name].prompt_cache[0].offset == len(last[name].all_tokens)
@@ -147,20 +151,9 @@ def test_a_lone_request_whose_cache_cannot_be_cut_back_moves_into_the_batch_by_i
     expected = {"a": alone_greedy(model, tokenizer, a, 20), "b": alone_greedy(model, tokenizer, b, 30)}
     assert len(expected["a"]) == 20          # random weights: no early end-of-sequence to hide the 19 case
 
-    lane = BatchLane(model, KVConfig(), [[t] for t in sorted(tokenizer.eos_token_ids)], trimmable=False)
-    uids = {insert(lane, a, 20): "a"}
-    got, paths, last = {"a": [], "b": []}, [], {}
-    while not lane.empty:
-        for s in lane.step():
-            got[uids[s.uid]].append(s.token)
-            if s.finish_reason is not None:
-                last[uids[s.uid]] = s
-        paths.append(uids.get(lane.alone_uid))
-        if len(got["a"]) == arrives_after and len(uids) == 1:
-            uids[insert(lane, b, 30)] = "b"
+    got, seen, last = a_then_b(lane_for(model, tokenizer, trimmable=False), a, b, arrives_after)
     assert got == expected
-    seen = [p for i, p in enumerate(paths) if i == 0 or paths[i - 1] != p]
-    assert seen == ["a", None], paths            # never back to the single path
+    assert seen == ["a", None]                   # never back to the single path
     assert last["a"].finish_reason == "length"
     if arrives_after == 19:                      # its last token was handed out, never fed: the KV holds 19
         assert len(last["a"].all_tokens) == len(a) + 19
