@@ -12,7 +12,11 @@ omlx-site runs with OMLX_MAX_CONCURRENT = the top level, so every stream of a wa
 in mlx_lm.server (which decodes up to 32 at once).
 
     .venv/bin/python benchmarks/concurrency.py [--model PATH] [--levels 1,4,8,16] [--tokens 64] [--rounds 2]
-        [--like-for-like]
+        [--like-for-like] [--variant NAME:OMLX_X=V,...] [--no-mlx-lm]
+
+--variant adds an omlx-site with other settings (repeatable), in the waves' turns beside the others,
+printed against the default one and raw (an A/B of one setting in one run); --no-mlx-lm leaves
+mlx_lm.server out (its columns print nan).
 
 --like-for-like (issue 22): every side on a float32 copy of the model folder, every process with
 Debian's OpenBLAS in LD_PRELOAD (_like_for_like.py), so the table compares the serving and not the
@@ -40,6 +44,7 @@ from _bandwidth import Bound
 from _like_for_like import float32_copy, preloaded, reexec_with_openblas
 from _models import demo_model
 from _servers import numbered_prompt, percentile, start_mlx_lm, start_omlx
+from single_stream import variant
 
 from omlx_site.process import setup_process
 
@@ -132,8 +137,15 @@ def load_average() -> str:
     return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def summaries(waves: list[Wave]) -> dict:
+    if not waves:          # a side left out
+        nan = float("nan")
+        return {"agg": nan, "decode": nan, "p50": nan, "p95": nan, "failed": 0, "tokens": nan, "cpu": 0.0}
+    return summary(waves)
+
+
 def report(model: Path, args, results: dict, bound: Bound, loads: tuple[str, str]) -> None:
-    s = {side: {level: summary(waves) for level, waves in by_level.items()} for side, by_level in results.items()}
+    s = {side: {level: summaries(waves) for level, waves in by_level.items()} for side, by_level in results.items()}
     print(f"model {model.name}; {args.tokens} max tokens per request, greedy; {args.rounds} timed round(s) of "
           f"alternating waves; omlx-site with OMLX_MAX_CONCURRENT={max(args.levels)}; {bound.describe()}")
     print(f"load average (1/5/15 min) at the start {loads[0]}, at the end {loads[1]}"
@@ -161,6 +173,13 @@ def report(model: Path, args, results: dict, bound: Bound, loads: tuple[str, str
         print(f"{level:7d} | " + " | ".join(
             f"{side}: " + ", ".join(f"{w.aggregate:.1f} ({percentile(w.ttfts, 50):.2f})" for w in results[side][level])
             for side in SIDES))
+    for side in results:
+        if side in SIDES:
+            continue
+        for level in args.levels:
+            v, o, r = s[side][level], s["omlx"][level], s["raw"][level]
+            print(f"{side} at {level}: {v['agg']:.1f} tok/s, decode {v['decode']:.1f}, TTFT p50 {v['p50']:.2f} s; "
+                  f"/ omlx-site {ratio(v['agg'], o['agg']):.2f}, / raw {ratio(v['agg'], r['agg']):.2f}")
     print()
     one, many = min(args.levels), 8 if 8 in args.levels else max(args.levels)
     top = max(args.levels)
@@ -181,6 +200,9 @@ def main():
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--like-for-like", action="store_true",
                    help="every side on a float32 copy of the model, every process with OpenBLAS preloaded")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME:OMLX_X=V,...",
+                   help="one more omlx-site, with these settings (repeatable)")
+    p.add_argument("--no-mlx-lm", action="store_true", help="leave mlx_lm.server out")
     args = p.parse_args()
     if args.like_for_like:
         reexec_with_openblas()              # returns in the process that has it
@@ -198,21 +220,28 @@ def main():
     servers = []
     try:
         # every stream of the top level runs at once, as in mlx_lm.server (its decode concurrency is 32)
-        servers.append(start_omlx(model, OMLX_MAX_CONCURRENT=str(max(args.levels))))
-        servers.append(start_mlx_lm(model))
-        waves = {"omlx": lambda n: server_wave(servers[0], [next(ids) for _ in range(n)], args.tokens),
-                 "mlx_lm": lambda n: server_wave(servers[1], [next(ids) for _ in range(n)], args.tokens),
-                 "raw": lambda n: raw_wave(raw_model, tokenizer, [next(ids) for _ in range(n)], args.tokens)}
+        concurrency = str(max(args.levels))
+        waves = {}
+
+        def side(name: str, server) -> None:
+            servers.append(server)
+            waves[name] = lambda n: server_wave(server, [next(ids) for _ in range(n)], args.tokens)
+        side("omlx", start_omlx(model, OMLX_MAX_CONCURRENT=concurrency))
+        for name, env in map(variant, args.variant):
+            side(name, start_omlx(model, **{"OMLX_MAX_CONCURRENT": concurrency, **env}))
+        if not args.no_mlx_lm:
+            side("mlx_lm", start_mlx_lm(model))
+        waves["raw"] = lambda n: raw_wave(raw_model, tokenizer, [next(ids) for _ in range(n)], args.tokens)
         for level in args.levels:            # warm every batch shape on every side
-            for side in SIDES:
-                waves[side](level)
+            for run in waves.values():
+                run(level)
         for server in servers:
             server.wait_warm()
-        results = {side: {level: [] for level in args.levels} for side in SIDES}
+        results = {name: {level: [] for level in args.levels} for name in (*SIDES, *waves)}
         for _ in range(args.rounds):
             for level in args.levels:
-                for side in SIDES:
-                    results[side][level].append(waves[side](level))
+                for name, run in waves.items():
+                    results[name][level].append(run(level))
     finally:
         for server in servers:
             server.stop()

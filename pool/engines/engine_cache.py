@@ -35,6 +35,14 @@ class PromptCaching:
             await asyncio.to_thread(store.wait_for_spills)
         return freed
 
+    def _has_idle_work(self) -> bool:
+        return super()._has_idle_work() or (  # type: ignore[misc]
+            self._prompt_cache is not None and self._prompt_cache.waiting_for_idle)
+
+    def _idle_step(self) -> None:
+        if self._prompt_cache is None or not self._prompt_cache.prepare_next_spill():   # memory first
+            super()._idle_step()  # type: ignore[misc]
+
     def _store(self, req: Request, cache, tokens) -> None:
         # one choice's KV is enough for the next turn, whichever choice the client keeps
         if req.params.cache_prompt and req.params.kv.default and self._prompt_cache is not None and cache \

@@ -13,9 +13,14 @@ dropped by memory pressure, or cleared at an unload. A finished turn's entry, wh
 is about to reuse, stays in memory and is never written while it is there. The write happens on the
 process's writer thread (spill.py): the engine thread only takes byte views of the entry's arrays,
 so a spill never delays a request, and a request that needs an entry still being written takes it
-from memory (`_pending`). At most the cache's cap in bytes waits to be written; an entry beyond that
-is dropped and counted (`spills_dropped`). An unload waits for its spills (the memory it measures
-as released must be free), and a pressure shrink waits for them off the engine thread.
+from memory (`_pending`). On a discrete GPU a byte view is not free: MLX copies the array to host
+memory there and then, blocking the engine thread (hundreds of MB for a long chat's entry). So
+there (`defer_spills`) an entry pushed out by a newer one waits in `_pending`, unprepared, until the
+engine has no request (`prepare_next_spill`, an idle job); a shrink or a clear prepares them all at
+once, since memory is wanted back then. At most the cache's cap in bytes waits to be written; an
+entry beyond that is dropped and counted (`spills_dropped`). An unload waits for its spills (the
+memory it measures as released must be free), and a pressure shrink waits for them off the engine
+thread.
 
 Entries have a scope (a request's API key's name, or None: shared; pool/keys): a request reuses only
 its own scope's prefixes, in memory, while written and on disk (whose files record their scope), so
@@ -24,6 +29,7 @@ no client learns from a hit (`cached_tokens`, a shorter time to the first token)
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import logging
 import threading
@@ -45,7 +51,7 @@ from mlx_lm.models.cache import (
 from .disk_cache import DiskCache, common_prefix, model_fingerprint
 from .disk_tier import tier_at
 from .protocol import PromptCacheOptions
-from .spill import WRITER, Writer
+from .spill import WRITER, Spill, Writer, views_copy_from_device
 
 log = logging.getLogger(__name__)
 
@@ -89,12 +95,13 @@ class _Pending:
     cache: list[Any]
     nbytes: int
     scope: str | None
+    prepared: bool = False     # its byte views are taken and its write is queued
 
 
 class PromptCache:
     def __init__(self, *, max_bytes: int, max_entries: int, disk: DiskCache | None = None,
                  on_evict: Callable[[list[int], list[Any]], None] | None = None, writer: Writer = WRITER,
-                 trimmable: bool = True):
+                 trimmable: bool = True, defer_spills: bool = False):
         self.configured_bytes = max_bytes
         self.trimmable = trimmable     # the model's entries can be cut back; else only whole ones serve from disk
         self.max_entries = max_entries
@@ -104,6 +111,8 @@ class PromptCache:
         self._pending: dict[int, _Pending] = {}    # being written by the writer thread, by spill number
         self._pending_bytes = 0
         self._spills = itertools.count()
+        self.defer_spills = defer_spills   # taking byte views copies off the device: only while idle
+        self._storing = False              # inside `store`: an eviction now is a newer entry's push
         self._written = threading.Condition()      # the writer settles `_pending` under it
         # the trie is LRUPromptCache's; replacing it is the one hook it offers for its evictions
         self._lru._trie = _EvictionTrie((lambda scope, tokens, cache: on_evict(tokens, cache)) if on_evict
@@ -116,38 +125,69 @@ class PromptCache:
         if self.disk is None or self.disk.holds(tokens, scope):
             return
         nbytes = sum(c.nbytes for c in cache)
+        number = next(self._spills)
         with self._written:
             if self._pending and self._pending_bytes + nbytes > self.configured_bytes:
                 self.stats.spills_dropped += 1
                 return
+            self._pending[number] = _Pending(list(tokens), cache, nbytes, scope)
+            self._pending_bytes += nbytes
+        if not (self.defer_spills and self._storing):
+            self._prepare(number)
+
+    def prepare_next_spill(self) -> bool:
+        """On the engine thread, while it is idle: take the byte views of the oldest entry waiting
+        for them and queue its write; False when none waits."""
+        with self._written:
+            number = next((n for n, p in self._pending.items() if not p.prepared), None)
+        if number is None:
+            return False
+        self._prepare(number)
+        return True
+
+    def _prepare_all(self) -> None:
+        while self.prepare_next_spill():
+            pass
+
+    def _prepare(self, number: int) -> None:
+        pending = self._pending[number]
         try:
-            spill = self.disk.prepare(tokens, cache, scope)
+            assert self.disk is not None
+            spill = self.disk.prepare(pending.tokens, pending.cache, pending.scope)
         except Exception:    # an entry that cannot be saved is only not on disk
             log.exception("a prompt cache entry could not be prepared for the disk tier")
             self.stats.spills_dropped += 1
+            self._settle(number)
             return
-        number = next(self._spills)
-        with self._written:
-            self._pending[number] = _Pending(list(tokens), cache, nbytes, scope)
-            self._pending_bytes += nbytes
-        disk = self.disk
+        pending.prepared = True
+        self._writer.submit(functools.partial(self._write, number, spill, self.disk))
 
-        def write() -> None:
-            try:
-                disk.write(spill)
-            finally:
-                spill.parts.clear()          # its views of the arrays: the memory is free once written
-                with self._written:
-                    self._pending_bytes -= self._pending.pop(number).nbytes
-                    self._written.notify_all()
-                if self.on_written is not None:
-                    self.on_written()
-        self._writer.submit(write)
+    def _write(self, number: int, spill: Spill, disk: DiskCache) -> None:
+        """On the writer thread."""
+        try:
+            disk.write(spill)
+        finally:
+            spill.parts.clear()          # its views of the arrays: the memory is free once written
+            self._settle(number)
+            if self.on_written is not None:
+                self.on_written()
+
+    def _settle(self, number: int) -> None:
+        with self._written:
+            self._pending_bytes -= self._pending.pop(number).nbytes
+            self._written.notify_all()
 
     def wait_for_spills(self, timeout: float | None = None) -> bool:
-        """Block until every entry that left memory is written (or refused); False on a timeout."""
+        """Block until every entry handed to the writer is written (or refused); False on a timeout.
+        Any thread; those still waiting for an idle moment are not waited for (`clear` prepares them)."""
         with self._written:
-            return self._written.wait_for(lambda: not self._pending, timeout)
+            return self._written.wait_for(lambda: not any(p.prepared for p in self._pending.values()), timeout)
+
+    @property
+    def waiting_for_idle(self) -> bool:
+        """Entries that left memory wait for the engine to be idle to be prepared."""
+        with self._written:
+            return any(not p.prepared for p in self._pending.values())
 
     @property
     def spilling(self) -> int:
@@ -231,7 +271,11 @@ class PromptCache:
             # a batch's extract is a lazy copy: unevaluated, the entry holds the whole batch's KV it came
             # from until it is used or evicted (measured: 100-300 MB after rounds of 32 streams)
             mx.async_eval([c.state for c in cache])
-            self._lru.insert_cache(_key(scope), list(tokens), cache)
+            self._storing = True
+            try:
+                self._lru.insert_cache(_key(scope), list(tokens), cache)
+            finally:
+                self._storing = False
 
     def set_cap(self, cap_bytes: int) -> int:
         """Move the cap (memory pressure walks it); entries over it go, least recently used first.
@@ -243,6 +287,7 @@ class PromptCache:
         """Drop least recently used entries until at most `to_bytes` are held; the bytes freed."""
         before = self._lru.nbytes
         self._lru.trim_to(n_bytes=max(0, int(to_bytes)))
+        self._prepare_all()       # memory is wanted back: no entry waits for an idle moment now
         return before - self._lru.nbytes
 
     def clear(self) -> int:
@@ -251,6 +296,7 @@ class PromptCache:
         before = self._lru.nbytes
         self.on_written = None
         self._lru.trim_to(n_sequences=0)
+        self._prepare_all()
         self.wait_for_spills()
         if self.disk is not None:
             self.disk.close()
@@ -287,6 +333,7 @@ def make_prompt_cache_store(model_id: str, model_path: Path, options: PromptCach
                              tier=tier)
         except OSError as e:   # a read-only or full data folder: memory only
             log.warning("no disk tier for %s's prompt cache: %s", model_id, e)
-    store = PromptCache(max_bytes=options.max_bytes, max_entries=options.max_entries, disk=disk, trimmable=trimmable)
+    store = PromptCache(max_bytes=options.max_bytes, max_entries=options.max_entries, disk=disk, trimmable=trimmable,
+                        defer_spills=views_copy_from_device())
     store.on_written = on_written
     return store

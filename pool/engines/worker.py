@@ -131,16 +131,23 @@ class EngineWorker:
 
     def _serve(self) -> None:
         while self._stop is None:
-            self._take_commands(block=not (self._has_work() or self._idle_jobs))
+            self._take_commands(block=not (self._has_work() or self._has_idle_work()))
             while self._stop is None and (wait := self._admission_wait()) > 0:
                 self._take_commands(block=True, timeout=wait)    # requests on their way join this step
             if self._stop is None and self._has_work():
                 self._work()
-            elif self._stop is None and self._idle_jobs:
-                self._idle_jobs.pop(0)()     # a command or a request that came meanwhile went first
+            elif self._stop is None and self._has_idle_work():
+                self._idle_step()     # a command or a request that came meanwhile went first
             self._after_commands()
         stop, self._stop = self._stop, None
         stop.settle(self._measured_release(stop.message))
+
+    def _has_idle_work(self) -> bool:
+        return bool(self._idle_jobs)
+
+    def _idle_step(self) -> None:
+        """One piece of work that waits for the thread to be idle (a warm-up shape)."""
+        self._idle_jobs.pop(0)()
 
     def _take_commands(self, block: bool, timeout: float | None = None) -> None:
         while True:

@@ -155,6 +155,79 @@ def test_a_spill_waiting_for_the_writer_holds_no_engine_thread(tmp_path, slowed_
     assert sorted(disk._index.values()) == [[i] * 30 for i in range(3)]
 
 
+# ---- a discrete GPU: byte views copy off the device, so they wait for an idle engine ------------
+
+def test_a_deferred_spill_waits_for_its_views_until_asked_and_stays_servable(tmp_path):
+    disk = DiskCache(tmp_path / "m", max_bytes=10**9, fingerprint="f")
+    one = sum(c.nbytes for c in kv(30))
+    store = PromptCache(max_bytes=int(3.5 * one), max_entries=2, disk=disk, defer_spills=True)
+    for i in range(4):
+        store.store([i] * 30, kv(30))                             # two leave memory, neither prepared
+    assert store.waiting_for_idle and store.spilling == 2
+    assert store.wait_for_spills(0.1)                             # nothing was handed to the writer
+    assert disk.entries == 0 and not list((tmp_path / "m").glob("*.safetensors"))
+    assert store.nbytes == store._lru.nbytes + 2 * one            # still counted while they wait
+    assert store.fetch([0] * 30 + [9])[1] == 30                   # and served from memory
+    assert store.prepare_next_spill() and store.wait_for_spills(60)
+    assert sorted(disk._index.values()) == [[0] * 30]             # the oldest first, one per call
+    assert store.prepare_next_spill() and not store.prepare_next_spill() and not store.waiting_for_idle
+    assert store.wait_for_spills(60) and sorted(disk._index.values()) == [[0] * 30, [1] * 30]
+
+
+def test_a_shrink_prepares_the_deferred_spills_at_once(tmp_path):
+    disk = DiskCache(tmp_path / "m", max_bytes=10**9, fingerprint="f")
+    one = sum(c.nbytes for c in kv(30))
+    store = PromptCache(max_bytes=int(3.5 * one), max_entries=2, disk=disk, defer_spills=True)
+    for i in range(3):
+        store.store([i] * 30, kv(30))
+    assert store.waiting_for_idle
+    store.set_cap(0)                                              # pressure: memory is wanted now
+    assert not store.waiting_for_idle and store.wait_for_spills(60)
+    assert sorted(disk._index.values()) == [[i] * 30 for i in range(3)] and store.nbytes == 0
+
+
+async def test_an_engine_takes_a_spills_views_only_while_no_request_runs(demo_model_dir, tmp_path, monkeypatch):
+    """As on a discrete GPU: a finished request's entry pushes an older one out while another
+    request decodes; its views are taken once that one has finished, and then it is written."""
+    import asyncio
+
+    from pool.engines import prompt_cache as prompt_cache_module
+    from pool.engines.generator import TextEngine
+    from pool.engines.protocol import PromptCacheOptions, SamplingParams
+    from tests.conftest import as_the_pool_loads
+
+    monkeypatch.setattr(prompt_cache_module, "views_copy_from_device", lambda: True)
+    running_at_prepare: list[int] = []
+    real_prepare = DiskCache.prepare
+
+    def prepare(self, tokens, cache, scope=None):
+        running_at_prepare.append(len(engine._requests))
+        return real_prepare(self, tokens, cache, scope)
+    monkeypatch.setattr(DiskCache, "prepare", prepare)
+    options = PromptCacheOptions(max_bytes=10**9, max_entries=1, folder=tmp_path / "prompt-cache" / "demo",
+                                 disk_bytes=10**9, disk_total_bytes=10**9)
+    engine = TextEngine("demo", demo_model_dir, load=as_the_pool_loads(demo_model_dir), prompt_cache=options)
+    await engine.load()
+    try:
+        async def ask(text: str, params: SamplingParams) -> None:
+            async for _ in engine.generate(engine.encode_text(text), params):
+                pass
+        no_end = tuple((t, -100.0) for t in engine._tokenizer.eos_token_ids)
+        long = asyncio.ensure_future(ask("Tell me a long story.", SamplingParams(max_tokens=2000, logit_bias=no_end)))
+        await ask("The knight met the dragon at the bridge.", SamplingParams(max_tokens=2))
+        await ask("Another story, please.", SamplingParams(max_tokens=2))    # its entry pushes the first out
+        assert not long.done() and running_at_prepare == []        # deferred while the long one decodes
+        long.cancel()                                              # the engine is idle once it has left
+        for _ in range(600):
+            if served(tmp_path / "prompt-cache" / "demo"):
+                break
+            await asyncio.sleep(0.05)
+        assert running_at_prepare and set(running_at_prepare) == {0}
+        assert served(tmp_path / "prompt-cache" / "demo")
+    finally:
+        await engine.stop()
+
+
 # ---- through a real server: a turn never waits for a spill ------------------------------------
 
 DEMO = "smollm2-135m-instruct"
