@@ -113,8 +113,9 @@ SETTINGS: list[Setting] = [
             "of OMLX_PREFILL_STEP_ALONE) in the background, so the first requests do not compile kernels; auto = on a "
             "GPU, off on the CPU backend"),
     Setting("OMLX_MLX_CACHE_MAX", "1GiB", size_or_keyword("off"),
-            "MLX's buffer cache beyond this is cleared at each enforcer tick, even when memory is ok; off = only "
-            "under pressure", group=TUNING),
+            "MLX's buffer cache is held within this by MLX itself, and what still passes it is cleared at the next "
+            "enforcer tick, even when memory is ok; off = MLX's default bound, cleared only under pressure",
+            group=TUNING),
     Setting("OMLX_LOAD_GROUP_BYTES", "64MiB", parse_size,
             "weight bytes evaluated at a time while a model loads: smaller groups hold other models' streams up for "
             "less, larger ones load faster", group=TUNING),

@@ -38,6 +38,14 @@ def release_memory() -> None:
     trim_native_heap()
 
 
+def bound_cache(limit: int | None) -> None:
+    """Keep MLX's buffer cache within `limit` bytes as buffers are freed (None: MLX's default, a
+    share of the device's memory). MLX then frees only what passes the bound, where clearing the
+    whole cache from outside would drop the buffers a busy model's next step reuses."""
+    if limit is not None:
+        mx.set_cache_limit(limit)
+
+
 def reclaim_cache() -> None:
     """The cheap reclaim: MLX's buffer cache (process-wide) and glibc's free pages; no gc pass."""
     mx.clear_cache()

@@ -69,6 +69,9 @@ class MemoryEnforcer:
 
     def start(self) -> None:
         if self._task is None:
+            # MLX keeps its cache within the bound itself; a tick clears it only past that (pressure,
+            # or what the bound let through)
+            self.actions.bound_mlx_cache(self._cache_max())
             self._wake = asyncio.Event()
             self._task = asyncio.ensure_future(self._run())
 

@@ -87,6 +87,12 @@ class PressureActions:
         forget_tokenizers()
         return freed_caches + await self.trim_mlx_cache()
 
+    def bound_mlx_cache(self, limit: int | None) -> None:
+        """MLX's own bound on its buffer cache (OMLX_MLX_CACHE_MAX), set once as the enforcer starts."""
+        from ..engines.memory_release import bound_cache
+
+        bound_cache(limit)
+
     async def trim_mlx_cache(self, *, record: bool = True) -> int:
         """Clear MLX's buffer cache and glibc's free pages (at ok, when the cache outgrew
         OMLX_MLX_CACHE_MAX): with `record`, an event with what the device got back; returns the bytes freed."""

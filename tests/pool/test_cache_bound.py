@@ -1,6 +1,7 @@
-"""MLX's buffer cache past OMLX_MLX_CACHE_MAX is cleared at every enforcer tick, even at ok (issue 22:
-an unload's weights sat in the cache and a tick at ok did nothing). The decision as a table; the tick
-through the enforcer, over the fake probe and engines."""
+"""MLX's buffer cache is held within OMLX_MLX_CACHE_MAX by MLX itself (set as the enforcer starts),
+and what passes it is cleared at every enforcer tick, even at ok (issue 22: an unload's weights sat
+in the cache and a tick at ok did nothing). The decision as a table; the tick through the enforcer,
+over the fake probe and engines."""
 
 from __future__ import annotations
 
@@ -49,3 +50,18 @@ async def test_trims_at_ok_leave_at_most_one_history_row_a_minute(tmp_path):
         await core.enforcer.tick()
         assert core.memory.cache == 0
     assert core.events() == [("reclaim", "cache_reclaim", "")]
+
+
+async def test_the_enforcer_gives_mlx_its_bound_as_it_starts(tmp_path):
+    """MLX holds its cache within the bound as buffers are freed, so a busy model's next step finds
+    its buffers there; a tick's clear is only the backstop."""
+    import mlx.core as mx
+
+    core = Core(model_folders(tmp_path / "models", a=100 * MB), memory_ceiling="off", mlx_cache_max=50 * MB)
+    before = mx.set_cache_limit(0)
+    try:
+        core.enforcer.start()
+        assert mx.set_cache_limit(before) == 50 * MB
+    finally:
+        mx.set_cache_limit(before)
+        await core.enforcer.stop()

@@ -12,7 +12,7 @@ from pool.engines.generator import TextEngine
 from pool.engines.protocol import LoadOptions, SamplingParams
 from pool.policy.drafts import MIN_TOKENS
 
-TOKENS = 40
+TOKENS = 30
 QUESTION = "Tell me a story about the sea, number {}."
 
 
@@ -46,8 +46,8 @@ def plain(demo_model_dir):
 
 
 def test_an_agreeing_draft_has_every_token_accepted_and_changes_no_answer(demo_model_dir, plain):
-    loaded, engine, *drafted = asyncio.run(answers(demo_model_dir, 3, demo_model_dir))
-    assert [text for text, _ in drafted] == [text for text, _ in plain]
+    loaded, engine, *drafted = asyncio.run(answers(demo_model_dir, 2, demo_model_dir))
+    assert [text for text, _ in drafted] == [text for text, _ in plain[:2]]
     first = drafted[0][1]
     assert first.draft_proposed >= TOKENS * 3 // 4 - 3 and first.draft_accepted == first.draft_proposed
     assert loaded.measured_bytes == 2 * loaded.model_info["draft"]["bytes"]     # the pair (the same model twice)
