@@ -144,19 +144,18 @@ def own_arrays(model: nn.Module) -> dict[str, mx.array]:
 def shared_copy(model: nn.Module) -> nn.Module:
     """A copy of the module tree whose arrays are the same arrays: deepcopy, told each array is its own copy."""
     memo: dict[int, Any] = {}
-
-    def note(value: Any) -> None:
+    pending: list[Any] = [model]
+    while pending:
+        value = pending.pop()
         if isinstance(value, mx.array):
             memo[id(value)] = value
         elif isinstance(value, dict):       # an nn.Module is a dict of its children and arrays
-            for item in value.values():
-                note(item)
+            pending.extend(value.values())
             if isinstance(value, nn.Module):
-                for item in vars(value).values():
-                    note(item)
+                pending.extend(vars(value).values())
         elif isinstance(value, (list, tuple)):
-            for item in value:
-                note(item)
-
-    note(model)
-    return copy.deepcopy(model, memo)
+            pending.extend(value)
+    try:
+        return copy.deepcopy(model, memo)
+    finally:
+        memo.clear()      # deepcopy's memo holds the copy too: nothing may keep it past this call

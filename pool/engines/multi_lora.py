@@ -20,6 +20,7 @@ keeps a module tree of its own (engines/adapter.py).
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any, Callable
 
 import mlx.core as mx
@@ -183,16 +184,19 @@ class BatchRows(_ModelLike):
     """The model a BatchGenerator calls: each row with its request's adapter (`adapter_of` a generator uid)."""
 
     def __init__(self, adapters: AdapterSet, adapter_of: Callable[[int], str | None]):
-        self.adapters, self.adapter_of = adapters, adapter_of
+        # weakly: the lane that owns this (through its generator) is `adapter_of`'s; a strong reference
+        # would make a cycle, and a closed lane would hold the model until the cyclic collector ran
+        self.adapters, self._adapter_of = adapters, weakref.WeakMethod(adapter_of)  # type: ignore[arg-type]
 
     def __call__(self, inputs, **kwargs):
         if not self.adapters:
             return self.adapters.base(inputs, **kwargs)
         batch = sys._getframe(1).f_locals.get("self")
         uids = getattr(batch, "uids", None)
-        if uids is None or len(uids) != inputs.shape[0]:
+        adapter_of = self._adapter_of()
+        if uids is None or len(uids) != inputs.shape[0] or adapter_of is None:
             raise RuntimeError("a batch of mixed adapters was called without its rows (mlx-lm changed?)")
-        return self.adapters.run([self.adapters.slot(self.adapter_of(u)) for u in uids], inputs, **kwargs)
+        return self.adapters.run([self.adapters.slot(adapter_of(u)) for u in uids], inputs, **kwargs)
 
 
 def lora_layers(model: nn.Module) -> Layers | None:

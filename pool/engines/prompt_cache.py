@@ -41,6 +41,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import (
     ArraysCache,
     CacheList,
+    KVCache,
     LRUPromptCache,
     PromptTrie,
     RotatingKVCache,
@@ -307,7 +308,9 @@ def _own_arrays(c: Any) -> None:
     """mlx-lm's BatchGenerator extracts a sequence's state (ArraysCache) and sliding window
     (RotatingKVCache) as slices of the batch's arrays, which keep the whole batch's buffer alive (a
     deep copy shares it too); a contiguous copy holds only its own rows, the bytes the entry counts.
-    (Its KVCache extract copies already.)"""
+    A KVCache's buffer grows 256 tokens at a time, so a short chat's entry would hold (and count)
+    mostly padding: one with more than a quarter unused keeps only its used rows (mlx-lm's
+    update_and_fetch grows such a buffer again when a request extends it)."""
     if isinstance(c, CacheList):
         for inner in c.caches:
             _own_arrays(inner)
@@ -315,6 +318,9 @@ def _own_arrays(c: Any) -> None:
         c.cache = [None if a is None else mx.contiguous(a) for a in c.cache]
     elif isinstance(c, RotatingKVCache) and c.keys is not None:
         c.keys, c.values = mx.contiguous(c.keys), mx.contiguous(c.values)
+    elif type(c) is KVCache and c.keys is not None and c.keys.ndim == 4 \
+            and 4 * (c.keys.shape[2] - c.offset) > c.keys.shape[2]:
+        c.keys, c.values = (mx.contiguous(a[..., :c.offset, :]) for a in (c.keys, c.values))
 
 
 def make_prompt_cache_store(model_id: str, model_path: Path, options: PromptCacheOptions,

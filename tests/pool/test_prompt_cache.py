@@ -23,6 +23,11 @@ def kv(tokens: int, layers: int = 2) -> list[KVCache]:
     return caches
 
 
+def stored_bytes(cache: list[KVCache]) -> int:
+    """What an entry holds once stored: only the used rows of each buffer (prompt_cache._own_arrays)."""
+    return sum(2 * c.keys[..., :c.offset, :].nbytes for c in cache)
+
+
 def test_fetch_takes_the_longest_prefix_as_a_private_copy():
     store = PromptCache(max_bytes=10**9, max_entries=10)
     store.store(list(range(10)), kv(10))
@@ -84,7 +89,7 @@ def test_a_state_sliced_from_a_batch_holds_only_its_own_rows():
 
 
 def test_the_cache_never_holds_more_than_its_cap_or_its_entry_count():
-    one = sum(c.nbytes for c in kv(300))
+    one = stored_bytes(kv(300))
     evicted = []
     store = PromptCache(max_bytes=int(3.5 * one), max_entries=5,
                         on_evict=lambda tokens, cache: evicted.append(tokens[0]))
@@ -158,7 +163,7 @@ def test_concurrent_requests_sharing_a_prefix_do_not_change_each_others_output(s
 
 def test_spilled_entries_come_back_from_disk(tmp_path):
     disk = DiskCache(tmp_path / "m", max_bytes=10**9, fingerprint="f1")
-    one = sum(c.nbytes for c in kv(100))
+    one = stored_bytes(kv(100))
     store = PromptCache(max_bytes=int(1.5 * one), max_entries=10, disk=disk)
     store.store(list(range(100)), kv(100))
     store.store([5] + list(range(99)), kv(100))                  # pushes the first out: written to disk
@@ -179,7 +184,7 @@ def test_only_entries_that_leave_memory_are_written_and_an_unload_writes_what_is
     """A finished turn's entry stays in memory unwritten (the next turn reuses it from there); one
     pushed out by newer entries is written, and clearing (an unload) writes the rest."""
     disk = DiskCache(tmp_path / "m", max_bytes=10**9, fingerprint="f")
-    one = sum(c.nbytes for c in kv(30))
+    one = stored_bytes(kv(30))
     store = PromptCache(max_bytes=int(2.5 * one), max_entries=10, disk=disk)
     store.store([0] * 30, kv(30))
     store.store([1] * 30, kv(30))

@@ -27,6 +27,11 @@ def kv(tokens: int, layers: int = 2, heads: int = 2, dim: int = 16) -> list[KVCa
     return caches
 
 
+def stored_bytes(cache: list[KVCache]) -> int:
+    """What an entry holds once stored: only the used rows of each buffer (prompt_cache._own_arrays)."""
+    return sum(2 * c.keys[..., :c.offset, :].nbytes for c in cache)
+
+
 def served(folder) -> list[str]:
     return sorted(p.name for p in folder.glob("*.safetensors") if not p.name.endswith(".partial.safetensors"))
 
@@ -97,6 +102,22 @@ def test_a_file_holds_only_the_used_part_of_the_kv_buffer(tmp_path):
 
 # ---- issue 22: spills off the engine thread ----------------------------------------------------
 
+def test_a_short_entry_keeps_only_its_used_rows_in_memory_and_grows_again(tmp_path):
+    """A KVCache's buffer grows 256 rows at a time: a 30-token entry kept whole would count 8.5x
+    its KV. A request extending the entry grows it again, with the same rows first."""
+    entry = kv(30)
+    assert entry[0].keys.shape[2] == 256
+    store = PromptCache(max_bytes=10**9, max_entries=4)
+    store.store(list(range(30)), entry)
+    assert store.nbytes == 2 * 2 * (2 * 30 * 16 * 2)              # layers x (keys, values) x used rows, bf16
+    cache, cached = store.fetch(list(range(30)) + [5, 6])
+    assert cached == 30
+    more = mx.ones((1, 2, 2, 16), mx.bfloat16)
+    keys, _ = cache[0].update_and_fetch(more, more)
+    assert keys.shape[2] == 32 and cache[0].offset == 32
+    assert mx.array_equal(keys[..., :30, :], kv(30)[0].keys[..., :30, :]) and mx.array_equal(keys[..., 30:, :], more)
+
+
 @pytest.fixture
 def slowed_writer(monkeypatch):
     """The writer thread stops after the first slice of its first file until `release` is set."""
@@ -117,7 +138,7 @@ def test_an_entry_being_written_is_served_from_memory_and_no_half_file_is_served
     release, blocked = slowed_writer
     folder = tmp_path / "m"
     disk = DiskCache(folder, max_bytes=10**9, fingerprint="f")
-    one = sum(c.nbytes for c in kv(60))
+    one = stored_bytes(kv(60))
     store = PromptCache(max_bytes=int(1.5 * one), max_entries=10, disk=disk)
     first = list(range(60))
     store.store(first, kv(60))
@@ -143,7 +164,7 @@ def test_a_spill_waiting_for_the_writer_holds_no_engine_thread(tmp_path, slowed_
     return while the writer is stuck in its first file."""
     release, blocked = slowed_writer
     disk = DiskCache(tmp_path / "m", max_bytes=10**9, fingerprint="f")
-    one = sum(c.nbytes for c in kv(30))
+    one = stored_bytes(kv(30))
     store = PromptCache(max_bytes=int(3.5 * one), max_entries=2, disk=disk)
     for i in range(5):
         store.store([i] * 30, kv(30))                             # three leave memory, one by one
@@ -159,7 +180,7 @@ def test_a_spill_waiting_for_the_writer_holds_no_engine_thread(tmp_path, slowed_
 
 def test_a_deferred_spill_waits_for_its_views_until_asked_and_stays_servable(tmp_path):
     disk = DiskCache(tmp_path / "m", max_bytes=10**9, fingerprint="f")
-    one = sum(c.nbytes for c in kv(30))
+    one = stored_bytes(kv(30))
     store = PromptCache(max_bytes=int(3.5 * one), max_entries=2, disk=disk, defer_spills=True)
     for i in range(4):
         store.store([i] * 30, kv(30))                             # two leave memory, neither prepared
@@ -176,7 +197,7 @@ def test_a_deferred_spill_waits_for_its_views_until_asked_and_stays_servable(tmp
 
 def test_a_shrink_prepares_the_deferred_spills_at_once(tmp_path):
     disk = DiskCache(tmp_path / "m", max_bytes=10**9, fingerprint="f")
-    one = sum(c.nbytes for c in kv(30))
+    one = stored_bytes(kv(30))
     store = PromptCache(max_bytes=int(3.5 * one), max_entries=2, disk=disk, defer_spills=True)
     for i in range(3):
         store.store([i] * 30, kv(30))
