@@ -11,7 +11,7 @@ model=$1; level=${2:-32}
 source "$(dirname "$0")/common.sh"
 [ -x /tmp/spy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/prof/*.whl
 (for _ in $(seq 120); do pid=$(pgrep -f "manage.py serve" | head -1); [ -n "$pid" ] && break; sleep 0.5; done
- sleep 5; /tmp/spy/bin/py-spy record -p "$pid" -r 200 -d "${SECONDS_SAMPLED:-100}" -f raw --threads -o "$out/profile-$level.txt" >/dev/null 2>&1 \
+ sleep 5; /tmp/spy/bin/py-spy record --nonblocking -p "$pid" -r 200 -d "${SECONDS_SAMPLED:-100}" -f raw --threads -o "$out/profile-$level.txt" >/dev/null 2>&1 \
    || echo "py-spy could not sample here") &
 if [ "$level" = multiturn ]; then
   (cd benchmarks && python3 multiturn.py --no-tier-off --model "$model" --history-tokens 1500 --turns 5 --rounds 2)
