@@ -1,4 +1,5 @@
-"""Which MLX backend this process will run on, found without importing MLX."""
+"""Which MLX backend this process runs on: `cpu_backend` finds it without importing MLX (settings
+read it before MLX may load); `discrete_gpu` asks MLX."""
 
 from __future__ import annotations
 
@@ -20,3 +21,10 @@ def cpu_backend() -> bool:
         except metadata.PackageNotFoundError:
             continue
     return True
+
+
+def discrete_gpu() -> bool:
+    """True where MLX's default device is a GPU with memory of its own (MLX's CUDA backend): arrays
+    live on the device, and reading their bytes from the host copies them there."""
+    import mlx.core as mx
+    return not mx.metal.is_available() and mx.default_device().type == mx.gpu

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 
+from .backend import discrete_gpu
 from .policy.pressure import Lines, auto_ceiling, pressure_lines
 
 
@@ -88,7 +89,7 @@ def _device() -> tuple[int | None, int | None, bool]:
         return None, None, False
     total = info.get("memory_size") or info.get("total_memory")
     limit = info.get("max_recommended_working_set_size")
-    discrete = bool(total) and not mx.metal.is_available() and mx.default_device().type == mx.gpu
+    discrete = bool(total) and discrete_gpu()
     return (int(total) if total else None, int(limit) if limit else None, discrete)
 
 

@@ -115,6 +115,12 @@ def migrated_db(session_dir) -> Path:
     return home / "omlx.sqlite3"
 
 
+def stored_bytes(cache) -> int:
+    """What a KVCache prompt-cache entry holds once stored: only the used rows of each buffer
+    (prompt_cache._own_arrays), keys and values."""
+    return sum(2 * c.keys[..., :c.offset, :].nbytes for c in cache)
+
+
 def as_the_pool_loads(path: Path):
     """The LoadOptions the pool would give an engine for this folder (whether it is dequantized on
     the CPU backend, OMLX_CPU_DEQUANTIZE), for tests that make an engine or load weights themselves."""

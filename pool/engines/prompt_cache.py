@@ -49,10 +49,11 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
+from ..backend import discrete_gpu
 from .disk_cache import DiskCache, common_prefix, model_fingerprint
 from .disk_tier import tier_at
 from .protocol import PromptCacheOptions
-from .spill import WRITER, Spill, Writer, views_copy_from_device
+from .spill import WRITER, Spill, Writer
 
 log = logging.getLogger(__name__)
 
@@ -340,6 +341,6 @@ def make_prompt_cache_store(model_id: str, model_path: Path, options: PromptCach
         except OSError as e:   # a read-only or full data folder: memory only
             log.warning("no disk tier for %s's prompt cache: %s", model_id, e)
     store = PromptCache(max_bytes=options.max_bytes, max_entries=options.max_entries, disk=disk, trimmable=trimmable,
-                        defer_spills=views_copy_from_device())
+                        defer_spills=discrete_gpu())
     store.on_written = on_written
     return store

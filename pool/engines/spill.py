@@ -73,13 +73,6 @@ def _views(array: mx.array, rows: int | None) -> tuple[list[memoryview], list[in
     return [data[i * row_block:i * row_block + used] for i in range(b * h)], [b, h, rows, d]
 
 
-def views_copy_from_device() -> bool:
-    """Whether a byte view of an array copies it to host memory: MLX's CUDA backend does (a
-    discrete GPU's array moves to unified memory, synchronously, on the calling thread); on Apple's
-    unified memory and on the CPU the view is the array's own memory."""
-    return not mx.metal.is_available() and mx.default_device().type == mx.gpu
-
-
 @dataclass
 class Spill:
     """One entry, ready to be written by any thread: its tokens, the safetensors header and the

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pool.engines.disk_cache import DiskCache
 from pool.engines.prompt_cache import PromptCache
+from tests.conftest import stored_bytes
 
 DEMO = "smollm2-135m-instruct"
 
@@ -21,11 +22,6 @@ def kv(tokens: int, layers: int = 2) -> list[KVCache]:
     for c in caches:
         c.update_and_fetch(mx.ones((1, 1, tokens, 8)), mx.ones((1, 1, tokens, 8)))
     return caches
-
-
-def stored_bytes(cache: list[KVCache]) -> int:
-    """What an entry holds once stored: only the used rows of each buffer (prompt_cache._own_arrays)."""
-    return sum(2 * c.keys[..., :c.offset, :].nbytes for c in cache)
 
 
 def test_fetch_takes_the_longest_prefix_as_a_private_copy():

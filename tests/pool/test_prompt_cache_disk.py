@@ -16,6 +16,7 @@ from pool.engines import spill as spill_module
 from pool.engines.disk_cache import DiskCache
 from pool.engines.disk_tier import DiskTier
 from pool.engines.prompt_cache import PromptCache
+from tests.conftest import stored_bytes
 
 
 def kv(tokens: int, layers: int = 2, heads: int = 2, dim: int = 16) -> list[KVCache]:
@@ -25,11 +26,6 @@ def kv(tokens: int, layers: int = 2, heads: int = 2, dim: int = 16) -> list[KVCa
         c.update_and_fetch(keys, keys + 1)
     mx.eval([c.keys for c in caches] + [c.values for c in caches])
     return caches
-
-
-def stored_bytes(cache: list[KVCache]) -> int:
-    """What an entry holds once stored: only the used rows of each buffer (prompt_cache._own_arrays)."""
-    return sum(2 * c.keys[..., :c.offset, :].nbytes for c in cache)
 
 
 def served(folder) -> list[str]:
@@ -217,7 +213,7 @@ async def test_an_engine_takes_a_spills_views_only_while_no_request_runs(demo_mo
     from pool.engines.protocol import PromptCacheOptions, SamplingParams
     from tests.conftest import as_the_pool_loads
 
-    monkeypatch.setattr(prompt_cache_module, "views_copy_from_device", lambda: True)
+    monkeypatch.setattr(prompt_cache_module, "discrete_gpu", lambda: True)
     running_at_prepare: list[int] = []
     real_prepare = DiskCache.prepare
 
