@@ -121,6 +121,26 @@ def raw_wave(model, tokenizer, ids: list[int], tokens: int) -> Wave:
     return wave
 
 
+def where_ttft_went(server, streams: int) -> str:
+    """Medians over the server's last `streams` traces (the last wave at the top level): time from the
+    view's start to the engine (admission + slot + the prompt's encoding), the engine's prefill (handed
+    over to the first chunk), and the server's own TTFT, against the client's."""
+    time.sleep(1.0)                       # traces are written off the token path
+    rows = httpx.get(server.url + "/api/requests", params={"limit": streams}, timeout=30).json()["data"]
+    if not rows:
+        return "none"
+
+    def median(key: str) -> float:
+        values = [r[key] for r in rows if r.get(key) is not None]
+        return statistics.median(values) if values else float("nan")
+    before = [r["ttft_ms"] - r["prefill_ms"] for r in rows if r.get("ttft_ms") is not None
+              and r.get("prefill_ms") is not None]
+    return (f"{len(rows)} traces, medians: TTFT {median('ttft_ms'):.0f} ms = before the engine "
+            f"{statistics.median(before) if before else float('nan'):.0f} ms (admission "
+            f"{median('admission_ms'):.0f}, slot {median('slot_ms'):.0f}) + prefill {median('prefill_ms'):.0f} ms; "
+            f"decode {median('decode_tps'):.1f} tok/s a stream")
+
+
 def ratio(a: float, b: float) -> float:
     return a / b if b else float("nan")
 
@@ -242,10 +262,14 @@ def main():
             for level in args.levels:
                 for name, run in waves.items():
                     results[name][level].append(run(level))
+        inside = {name: where_ttft_went(server, max(args.levels)) for name, server in zip(waves, servers)
+                  if server.name == "omlx-site"}
     finally:
         for server in servers:
             server.stop()
     report(model, args, results, bound, (loads[0], load_average()))
+    for name, line in inside.items():
+        print(f"{name}, the last wave's traces: {line}")
 
 
 if __name__ == "__main__":
