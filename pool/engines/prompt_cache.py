@@ -58,6 +58,15 @@ from .spill import WRITER, Spill, Writer
 log = logging.getLogger(__name__)
 
 KEY = "model"   # LRUPromptCache keys entries by model too; one store serves one model, and it keys scopes
+COPY_GAIN = 64  # prompt tokens a written entry or a file must add to memory's best hit to be copied or read
+
+
+def worth_copying(gain: int, usable: int) -> bool:
+    """Whether an entry being written, or a file, which covers `usable` tokens of a prompt, `gain` more
+    than memory's best hit, is worth its copy: it holds the whole of its entry (a file is read whole),
+    while those few tokens cost the model almost nothing to read again. Measured on 32 chats sharing
+    only a system prompt: each read a file for a token or two, 11% of the engine thread."""
+    return gain >= min(COPY_GAIN, usable // 4)
 
 
 def _key(scope: str | None) -> Any:
@@ -240,7 +249,7 @@ class PromptCache:
                 self.trimmable or common_prefix(p.tokens, tokens) == len(p.tokens) < len(tokens))]
         best = max(((p, min(common_prefix(p.tokens, tokens), len(tokens) - 1)) for p in candidates),
                    key=lambda item: item[1], default=None)
-        if best is None or best[1] <= cached:
+        if best is None or best[1] <= cached or not worth_copying(best[1] - cached, best[1]):
             return cache, cached
         pending, usable = best
         if len(pending.tokens) > usable and not can_trim_prompt_cache(pending.cache):
@@ -253,13 +262,13 @@ class PromptCache:
     def _from_disk(self, tokens: list[int], cache, cached: int, scope: str | None):
         """The disk tier's entry instead, when it covers more of the prompt than memory does."""
         best = self.disk.longest_prefix(tokens, scope, whole=not self.trimmable)
-        if best is None or min(best[1], len(tokens) - 1) <= cached:
+        usable = min(best[1], len(tokens) - 1) if best is not None else 0
+        if best is None or usable <= cached or not worth_copying(usable - cached, usable):
             return cache, cached
         loaded = self.disk.load(best[0], scope)
         if loaded is None:
             return cache, cached
         stored, disk_cache = loaded
-        usable = min(best[1], len(tokens) - 1)
         if len(stored) > usable:
             if not can_trim_prompt_cache(disk_cache):
                 return cache, cached

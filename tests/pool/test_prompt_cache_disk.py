@@ -172,6 +172,21 @@ def test_a_spill_waiting_for_the_writer_holds_no_engine_thread(tmp_path, slowed_
     assert sorted(disk._index.values()) == [[i] * 30 for i in range(3)]
 
 
+def test_a_file_is_read_only_when_it_adds_enough_to_what_memory_gives(tmp_path):
+    """32 chats sharing a system prompt: memory serves that prefix; a file that shares one token more
+    is not read (a whole file for a token), one that shares a real part of the prompt is."""
+    disk = DiskCache(tmp_path / "m", max_bytes=10**9, fingerprint="f")
+    system = list(range(100, 140))
+    disk.put(system + [1, 2, 3] + [7] * 200, kv(243))            # another chat's entry, on disk
+    disk.put(system + [5] * 120, kv(160))                         # this chat's earlier turn, on disk
+    store = PromptCache(max_bytes=10**9, max_entries=10, disk=disk)
+    store.store(system + [9] * 60, kv(100))                       # in memory: the system prompt's 40
+    assert store.fetch(system + [1, 2, 8, 8, 8])[1] == 40 and disk.stats.hits == 0   # 2 more: not read
+    assert store.fetch(system + [5] * 120 + [6])[1] == 160 and disk.stats.hits == 1  # 120 more: read
+    empty = PromptCache(max_bytes=10**9, max_entries=10, disk=disk)
+    assert empty.fetch(system + [1, 2, 3, 4])[1] == 43           # nothing in memory: the file serves
+
+
 # ---- a discrete GPU: byte views copy off the device, so they wait for an idle engine ------------
 
 def test_a_deferred_spill_waits_for_its_views_until_asked_and_stays_servable(tmp_path):
