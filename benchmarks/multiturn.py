@@ -77,6 +77,16 @@ def raw_turns(model, tokenizer, base: list[dict], turns: int) -> list[float]:
     return ttfts
 
 
+def last_turns(server, turns: int) -> list[dict]:
+    """Where each of an omlx-site's last `turns` TTFTs went, from its own traces: the route up to the
+    engine (the door, the chat template, tokenizing, the checkpoints' renders) and the engine from
+    the prompt's hand-over to its first chunk; and the prompt tokens the prompt cache served."""
+    time.sleep(1.0)                     # traces are written off the token path
+    rows = server.client.get(server.url + "/api/requests", params={"limit": turns}).json()["data"][::-1]
+    return [{"route": (r["ttft_ms"] or 0) - (r["prefill_ms"] or 0), "engine": r["prefill_ms"] or 0,
+             "cached": r["cached_tokens"] or 0} for r in rows]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=None, help="an mlx-lm model folder (default: the demo model)")
@@ -123,11 +133,18 @@ def main():
                 results[name].append(run(base))
                 print(f"{f'{name}, round {r + 1}':34}" + "".join(f"{t:10.3f}" for t in results[name][-1]),
                       flush=True)
+        inside = {name: last_turns(server, args.turns) for name, server in servers.items()
+                  if name.startswith("omlx-site")}
     finally:
         for server in servers.values():
             server.stop()
 
     print()
+    for name, rows in inside.items():
+        print(f"{name}, last round, from its traces (ms):")
+        for label, key in (("route to engine", "route"), ("engine to first chunk", "engine"),
+                           ("prompt tokens cached", "cached")):
+            print(f"{'  ' + label:34}" + "".join(f"{row[key]:10.0f}" for row in rows))
     for r in range(args.rounds):
         ours, peer = results["omlx-site"][r], results["mlx_lm.server"][r]
         raw = results[raw_name][r]
