@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 
 from .backend import discrete_gpu
+from .nvml import process_device_bytes
 from .policy.pressure import Lines, auto_ceiling, pressure_lines
 
 
@@ -29,13 +30,23 @@ class MemoryReading:
     discrete_gpu: bool = False
     prompt_cache: int = 0
     device_free: int | None = None    # what the driver reports free on a discrete GPU (NVML: nvidia-smi's)
+    device_process: int | None = None  # what this process holds on that GPU as the driver counts it (pool/nvml.py)
 
     @property
     def usage(self) -> int:
         """Bytes counted against the ceiling. Unified memory and the CPU backend: whichever is
-        larger of what the process holds and what MLX holds. A discrete GPU: MLX's own bytes."""
+        larger of what the process holds and what MLX holds. A discrete GPU: MLX's own bytes and
+        the process's floor beside them."""
         mlx = self.active + self.cache
-        return mlx if self.discrete_gpu else max(self.rss, mlx)
+        return mlx + (self.device_floor or 0) if self.discrete_gpu else max(self.rss, mlx)
+
+    @property
+    def device_floor(self) -> int | None:
+        """What this process holds on its discrete GPU beyond MLX's buffers: the CUDA context, the
+        libraries' workspaces, loaded kernels. None where the driver does not say."""
+        if not self.discrete_gpu or self.device_process is None:
+            return None
+        return max(0, self.device_process - self.active - self.cache)
 
     @property
     def capacity(self) -> int:
@@ -54,7 +65,8 @@ class MemoryReading:
         return self.cache + self.prompt_cache
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "usage": self.usage, "reclaimable": self.reclaimable, "device_used": self.device_used}
+        return {**asdict(self), "usage": self.usage, "reclaimable": self.reclaimable, "device_used": self.device_used,
+                "device_floor": self.device_floor}
 
 
 class _RusageInfoV2(ctypes.Structure):
@@ -118,7 +130,8 @@ class RealProbe:
         return MemoryReading(active=mx.get_active_memory(), cache=mx.get_cache_memory(),
                              peak=mx.get_peak_memory(), rss=rss, total=vm.total, available=vm.available,
                              device_total=total, device_limit=limit, discrete_gpu=discrete,
-                             prompt_cache=self.prompt_cache_bytes(), device_free=_device_free() if discrete else None)
+                             prompt_cache=self.prompt_cache_bytes(), device_free=_device_free() if discrete else None,
+                             device_process=process_device_bytes(os.getpid()) if discrete else None)
 
 
 class FakeProbe:

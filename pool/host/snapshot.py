@@ -94,6 +94,8 @@ def build(pool, slots, reading, enforcer_state: dict[str, Any] | None = None) ->
         "available_bytes": reading.available,
         "usage_bytes": reading.usage,
         "reclaimable_bytes": reading.reclaimable,
+        # a discrete GPU: what the process holds there beyond MLX's buffers (counted in usage_bytes)
+        "device_floor_bytes": reading.device_floor,
         "kv_bytes": sum(m["kv_bytes"] or 0 for m in models),
         "prompt_cache_bytes": sum(m["prompt_cache_bytes"] or 0 for m in models),
         "prompt_cache_cap_fraction": pool.cache_fraction,

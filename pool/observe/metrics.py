@@ -24,6 +24,8 @@ MEMORY_GAUGES = (
     ("memory_cache_bytes", "cache_bytes", "MLX buffer cache (reclaimable)."),
     ("memory_peak_bytes", "peak_bytes", "MLX peak memory."),
     ("memory_rss_bytes", "rss_bytes", "Process resident memory."),
+    ("memory_device_floor_bytes", "device_floor_bytes",
+     "What the process holds on its discrete GPU beyond MLX's buffers, counted in usage (absent elsewhere)."),
     ("memory_total_bytes", "total_bytes", "The memory usage is measured against (RAM or the GPU's)."),
     ("memory_available_bytes", "available_bytes", "System available memory."),
     ("memory_ceiling_bytes", "ceiling_bytes", "The enforcer's process memory ceiling (absent when off)."),

@@ -130,3 +130,24 @@ def test_pressure_and_admission_rejections(start_asgi_server):
     assert ("requests_total", (("model", DEMO),)) not in metrics   # refused before reaching the pool
     last = telemetry(server).json()["points"][-1]
     assert (last["level"], last["usage"], last["ceiling"]) == ("soft", 9.2e9, 10e9)
+
+
+def test_a_discrete_gpus_floor_is_counted_shown_and_pushes_the_pressure(start_asgi_server):
+    """On a discrete GPU the process holds memory beyond MLX's buffers (the CUDA context, libraries'
+    workspaces: 2.4 GB on an H100 after an unload): the driver's count for the process, less MLX's,
+    is the floor that usage counts, that the snapshot and /metrics show, and that pressure sees."""
+    server = start_asgi_server(OMLX_MEMORY_PROBE="fake", OMLX_MEMORY_CEILING="10GB")
+    probe = {"discrete_gpu": True, "device_total": 80e9, "active": 5e9, "cache": 1e9, "rss": 1e9}
+    (server.home / "fake_probe.json").write_text(json.dumps({**probe, "device_process": 6.5e9}))
+    assert server.post("/api/enforcer/tick", {}).json()["level"] == "ok"
+    memory = server.pool()["memory"]
+    assert (memory["device_floor_bytes"], memory["usage_bytes"]) == (0.5e9, 6.5e9)
+    assert scrape(server)[("memory_device_floor_bytes", ())] == 0.5e9
+
+    (server.home / "fake_probe.json").write_text(json.dumps({**probe, "device_process": 9e9}))   # 3 GB beside MLX
+    assert server.post("/api/enforcer/tick", {}).json()["level"] == "soft"
+    assert server.pool()["memory"]["usage_bytes"] == 9e9
+    (server.home / "fake_probe.json").write_text(json.dumps({**probe, "device_process": None}))  # not known
+    memory = server.pool()["memory"]
+    assert (memory["device_floor_bytes"], memory["usage_bytes"]) == (None, 6e9)
+    assert ("memory_device_floor_bytes", ()) not in scrape(server)
