@@ -56,7 +56,8 @@ def smi_used() -> int | None:
 
 def memory(probe) -> dict:
     r = probe.read()
-    return {"active": r.active, "cache": r.cache, "rss": r.rss, "device_used": r.device_used}
+    return {"active": r.active, "cache": r.cache, "rss": r.rss, "device_used": r.device_used,
+            "device_process": r.device_process, "device_floor": r.device_floor}
 
 
 def model_copies(src: Path, root: Path, count: int) -> list[str]:
