@@ -90,6 +90,14 @@ def make_model(session_dir, demo_model_dir):
 
 
 @pytest.fixture(scope="session")
+def stand_in_demo_dir(make_model) -> Path:
+    """A 20 MB random llama with the demo's tokenizer and chat template, served under the demo's name
+    by tests of a route's shapes and errors rather than of its answers: on the CPU it answers ~10x
+    faster than the 135M demo."""
+    return make_model("stand-in-demo", 20, seed=3)
+
+
+@pytest.fixture(scope="session")
 def make_adapter(session_dir):
     """make_adapter(name, base_folder, strength=0.05, seed=0, **options) -> a random-weight LoRA adapter
     folder over that base (pool/catalog/fixture_adapters.py), built once per run."""

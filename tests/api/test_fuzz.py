@@ -47,11 +47,9 @@ SECONDS_PER_REQUEST = 30        # a body answered later than this is a hang
 # ---- the server and the probe -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def server(module_asgi_server, make_model, minilm_dir):
-    # the bodies are under test, not the answers: the demo's name is served by a 20 MB random llama with
-    # the demo's tokenizer and chat template, which answers ~10x faster on the CPU than the 135M demo
-    s = module_asgi_server({DEMO: make_model("fuzz-demo", 20, seed=3), TINY: make_model("tiny-20", 20),
-                            MINILM: minilm_dir})
+def server(module_asgi_server, stand_in_demo_dir, make_model, minilm_dir):
+    # the bodies are under test, not the answers
+    s = module_asgi_server({DEMO: stand_in_demo_dir, TINY: make_model("tiny-20", 20), MINILM: minilm_dir})
     # a body without max_tokens takes the model's default: keep it small too
     assert s.post(f"/admin/model/{DEMO}/settings", {"max_tokens": SMALL_MAX_TOKENS}).status_code == 200
     return s

@@ -19,8 +19,8 @@ PER_RESPONSE, PER_CHAIN, MAX_ITEMS = 12_000, 20_000, 6
 
 
 @pytest.fixture(scope="module")
-def server(module_asgi_server, demo_model_dir):
-    return module_asgi_server({DEMO: demo_model_dir}, OMLX_RESPONSES_BYTES=PER_RESPONSE,
+def server(module_asgi_server, stand_in_demo_dir):
+    return module_asgi_server({DEMO: stand_in_demo_dir}, OMLX_RESPONSES_BYTES=PER_RESPONSE,
                               OMLX_RESPONSES_CHAIN_BYTES=PER_CHAIN, OMLX_MAX_MESSAGES=MAX_ITEMS)
 
 
