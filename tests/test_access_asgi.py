@@ -15,6 +15,8 @@ import pytest
 from tests.access_fixtures import HI, KEY, TINY, call
 from tests.conftest import ServerCalls
 
+STAND_IN_DEMO = True   # shapes, errors and faults, not answers: tests/conftest.py demo_folder
+
 
 def _basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()

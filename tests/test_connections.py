@@ -13,6 +13,8 @@ import psutil
 
 from tests.conftest import DEMO, Server
 
+STAND_IN_DEMO = True   # shapes, errors and faults, not answers: tests/conftest.py demo_folder
+
 
 def _connect(server: Server, *, receive_buffer: int | None = None) -> socket.socket:
     s = socket.socket()

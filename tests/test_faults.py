@@ -32,6 +32,8 @@ import pytest
 
 from tests.conftest import DEMO, Server
 
+STAND_IN_DEMO = True   # shapes, errors and faults, not answers: tests/conftest.py demo_folder
+
 IDLE = {"active_requests": 0, "running": 0, "queued": 0}
 
 

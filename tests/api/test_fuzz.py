@@ -1,8 +1,8 @@
-"""Fuzzed request bodies for every JSON route, through the ASGI application in this process (the demo
-model's name on a tiny random llama, MiniLM and a tiny fixture model): each body gets a 200 or a 4xx in the route's error envelope
-(OpenAI's, Anthropic's on /v1/messages*, Ollama's on /api/chat and its neighbours), within a bounded time,
-and the server stays up with a snapshot that browsers can parse. Hypothesis draws the bodies from a fixed
-seed (derandomize) and a bounded count, so a run is the same every time; findings are collected and
+"""Fuzzed request bodies for every JSON route, through the ASGI application in this process (the demo's
+name on a tiny random llama, MiniLM and a tiny fixture model): each body gets a 200 or a 4xx in the route's
+error envelope (OpenAI's, Anthropic's on /v1/messages*, Ollama's on /api/chat and its neighbours), within
+a bounded time, and the server stays up with a snapshot that browsers can parse. Hypothesis draws the
+bodies from a fixed seed (derandomize) and a bounded count, so a run is the same every time; findings are collected and
 reported together, with their bodies.
 The bodies are drawn by tests/api/fuzz_strategies.py and judged by tests/api/fuzz_verdict.py."""
 

@@ -8,6 +8,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import DEMO
 
+STAND_IN_DEMO = True   # shapes, errors and faults, not answers: tests/conftest.py demo_folder
+
 FIELDS = {"t", "usage", "active", "cache", "rss", "model_bytes", "ceiling", "soft", "hard", "level", "loaded"}
 
 

@@ -10,6 +10,8 @@ import pytest
 
 from tests.conftest import DEMO
 
+STAND_IN_DEMO = True   # shapes, errors and faults, not answers: tests/conftest.py demo_folder
+
 
 def create(client, **kw):
     return client.responses.create(model=DEMO, input="Say hi.", max_output_tokens=3, **kw)

@@ -31,6 +31,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pool.catalog.model_ids import safe_name
 from tests.conftest import DEMO
 
+STAND_IN_DEMO = True   # shapes, errors and faults, not answers: tests/conftest.py demo_folder
+
 # These stay on Daphne processes: kill -9, another process's lock, mounts over the data folder and the
 # server's own log need a server process of its own.
 OTHER = "storage-other"
@@ -290,10 +292,11 @@ def test_kill_9_during_bursts_of_settings_writes_keeps_every_acknowledged_write(
         assert server.get(f"/admin/model/{model}/settings").json()["ttl_seconds"] == rows[model][0]
 
 
-def test_kill_9_during_a_prompt_cache_spill_never_serves_a_half_file(start_server):
+def test_kill_9_during_a_prompt_cache_spill_never_serves_a_half_file(start_server, demo_model_dir):
     from mlx_lm.models.cache import load_prompt_cache
 
-    server = start_server(OMLX_PROMPT_CACHE_ENTRIES="2")     # the third entry spills: a spill early on
+    # the real demo: its entries are large enough for a spill to be caught half written
+    server = start_server({DEMO: demo_model_dir}, demo=False, OMLX_PROMPT_CACHE_ENTRIES="2")   # the third spills
     folder = server.home / "prompt-cache" / safe_name(DEMO)
     prompts = [f"Story {i}: " + "the knight walked across the old stone bridge at dawn, " * 25 for i in range(40)]
     answers: dict[str, str] = {}

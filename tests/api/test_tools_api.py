@@ -31,8 +31,8 @@ PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
 @pytest.fixture(scope="module")
-def server(module_asgi_server, stand_in_demo_dir, minilm_dir):
-    return module_asgi_server({DEMO: stand_in_demo_dir, MINILM: minilm_dir})
+def server(module_asgi_server, demo_model_dir, minilm_dir):
+    return module_asgi_server({DEMO: demo_model_dir, MINILM: minilm_dir})
 
 
 def assert_valid_call(call, name=None):
@@ -149,12 +149,12 @@ def test_bad_tools_are_400s_naming_the_field(server, body, param):
 
 # ---- /v1/models ---------------------------------------------------------------------------------
 
-def test_models_list_capabilities_and_context_length(server, stand_in_demo_dir):
+def test_models_list_capabilities_and_context_length(server, demo_model_dir):
     client = server.openai()
     models = {m.id: m.model_dump() for m in client.models.list()}
     demo, minilm = models[DEMO], models[MINILM]
     assert demo["capabilities"] == ["chat", "completions", "tools", "structured_output"]
-    assert demo["context_length"] == json.loads((stand_in_demo_dir / "config.json").read_text())[
+    assert demo["context_length"] == json.loads((demo_model_dir / "config.json").read_text())[
         "max_position_embeddings"]
     assert minilm["capabilities"] == ["embeddings"]
     assert minilm["context_length"] == 256        # sentence-transformers' max_seq_length, not BERT's 512

@@ -14,6 +14,8 @@ from pool.models import ModelSettings
 from tests.conftest import DEMO, ROOT
 from tests.pool.conftest import make_folder
 
+STAND_IN_DEMO = True   # shapes, errors and faults, not answers: tests/conftest.py demo_folder
+
 
 def run(*args) -> str:
     out = StringIO()

@@ -8,6 +8,8 @@ import threading
 
 import pytest
 
+STAND_IN_DEMO = True   # shapes, errors and faults, not answers: tests/conftest.py demo_folder
+
 GB = 10**9
 
 

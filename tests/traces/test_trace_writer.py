@@ -11,6 +11,8 @@ import httpx
 
 from tests.conftest import DEMO
 
+STAND_IN_DEMO = True   # shapes, errors and faults, not answers: tests/conftest.py demo_folder
+
 BOUND = 60
 BURST = 400
 
