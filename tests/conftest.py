@@ -91,11 +91,9 @@ def make_model(session_dir, demo_model_dir):
 
 @pytest.fixture(scope="session")
 def stand_in_demo_dir(make_model) -> Path:
-    """A two-layer random llama (64 wide) with the demo's tokenizer and chat template, served under the
-    demo's name by tests of a route's shapes, errors and faults rather than of its answers: on the CPU
-    it decodes in ~7 ms a token and reads 5,500 tokens in ~2 s (a 20 MB one of 14 layers took 43 s)."""
+    """A two-layer random llama with the demo's tokenizer and template, served under the demo's name
+    where answers do not matter: ~7 ms a token on the CPU (a 14-layer one read 5,500 tokens in 43 s)."""
     return make_model("stand-in-demo", None, seed=3)
-
 
 @pytest.fixture(scope="session")
 def make_adapter(session_dir):
@@ -121,12 +119,6 @@ def migrated_db(session_dir) -> Path:
             subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env,
                            check=True)
     return home / "omlx.sqlite3"
-
-
-def stored_bytes(cache) -> int:
-    """What a KVCache prompt-cache entry holds once stored: only the used rows of each buffer
-    (prompt_cache._own_arrays), keys and values."""
-    return sum(2 * c.keys[..., :c.offset, :].nbytes for c in cache)
 
 
 def as_the_pool_loads(path: Path):
@@ -306,11 +298,9 @@ def serve(home: Path, migrated_db: Path, models: dict, **env) -> Server:
 
 
 def demo_folder(request) -> Path:
-    """What start_server and start_asgi_server link under the demo's name: the demo, or its stand-in
-    in a module that says `STAND_IN_DEMO = True` (one testing shapes, errors and faults, not answers)."""
-    if getattr(request.module, "STAND_IN_DEMO", False):
-        return request.getfixturevalue("stand_in_demo_dir")
-    return request.getfixturevalue("demo_model_dir")
+    """The demo start_server and start_asgi_server link, or its stand-in where a module says STAND_IN_DEMO."""
+    stand_in = getattr(request.module, "STAND_IN_DEMO", False)
+    return request.getfixturevalue("stand_in_demo_dir" if stand_in else "demo_model_dir")
 
 
 @pytest.fixture

@@ -17,6 +17,12 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 DEMO_NAME = "smollm2-135m-instruct"
 
 
+def stored_bytes(cache) -> int:
+    """What a KVCache prompt-cache entry holds once stored: only the used rows of each buffer
+    (prompt_cache._own_arrays), keys and values."""
+    return sum(2 * c.keys[..., :c.offset, :].nbytes for c in cache)
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir(request, tmp_path_factory) -> Path:
     """SmolLM2-135M-Instruct as an mlx-lm folder: tests/conftest.py's `demo_model_dir` when the

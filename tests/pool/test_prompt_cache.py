@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pool.engines.disk_cache import DiskCache
 from pool.engines.prompt_cache import PromptCache
-from tests.conftest import stored_bytes
+from tests.pool.conftest import stored_bytes
 
 DEMO = "smollm2-135m-instruct"
 

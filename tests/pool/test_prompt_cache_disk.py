@@ -16,7 +16,7 @@ from pool.engines import spill as spill_module
 from pool.engines.disk_cache import DiskCache
 from pool.engines.disk_tier import DiskTier
 from pool.engines.prompt_cache import PromptCache
-from tests.conftest import stored_bytes
+from tests.pool.conftest import stored_bytes
 
 
 def kv(tokens: int, layers: int = 2, heads: int = 2, dim: int = 16) -> list[KVCache]:
