@@ -9,6 +9,7 @@ set -uo pipefail
 model=$1; level=${2:-32}
 [ "${BENCH:-concurrency}" = multiturn ] && level=multiturn
 source "$(dirname "$0")/common.sh"
+pkill -f "manage.py serve" && sleep 2   # a server an earlier benchmark left would be the one sampled
 [ -x /tmp/spy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/prof/*.whl
 (for _ in $(seq 120); do pid=$(pgrep -f "manage.py serve" | head -1); [ -n "$pid" ] && break; sleep 0.5; done
  sleep 5; /tmp/spy/bin/py-spy record --nonblocking -p "$pid" -r 200 -d "${SECONDS_SAMPLED:-100}" -f raw --threads -o "$out/profile-$level.txt" >/dev/null 2>&1 \
