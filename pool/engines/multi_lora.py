@@ -22,6 +22,7 @@ keeps a module tree of its own (engines/adapter.py).
 
 from __future__ import annotations
 
+import functools
 import sys
 import weakref
 from typing import Any, Callable
@@ -31,6 +32,17 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 Layers = dict[str, tuple[mx.array, mx.array, float]]   # module path -> (lora_a, lora_b, scale)
+
+
+@functools.cache
+def gather_mm_takes(dtype) -> bool:
+    """Whether this backend's gather_mm runs on `dtype` (MLX's CPU backend: float32 only), tried once."""
+    try:
+        mx.eval(mx.gather_mm(mx.zeros((1, 1, 2), dtype), mx.zeros((1, 2, 2), dtype),
+                             rhs_indices=mx.array([0], mx.uint32)))
+    except (RuntimeError, ValueError):
+        return False
+    return True
 
 
 class Rows:
@@ -77,7 +89,10 @@ class MultiLoRALinear(nn.Module):
             return y + (self._rows.scales[rows] * z).astype(x.dtype)
         index = rows[0]
         flat = x.reshape(x.shape[0], -1, x.shape[-1])
-        z = mx.gather_mm(mx.gather_mm(flat, a, rhs_indices=index), b, rhs_indices=index)
+        if gather_mm_takes(flat.dtype):
+            z = mx.gather_mm(mx.gather_mm(flat, a, rhs_indices=index), b, rhs_indices=index)
+        else:
+            z = (flat @ a[index]) @ b[index]
         return y + (self._rows.row_scale(z.dtype)[:, None, None] * z).reshape(*y.shape).astype(x.dtype)
 
 
