@@ -6,9 +6,10 @@ one adapter. So the base engine keeps, beside its model, a second tree over the 
 matrices of every attached adapter stacked (the ranks padded with zeros to the largest), and adds,
 row by row, scale_i * (x A_i) B_i for the adapter of that row, which is what mlx-lm's LoRALinear
 adds for one adapter; a row of the base model adds that of any adapter times 0. The rows' matrices
-are gathered inside the matmuls (`mx.gather_mm`) and their scales come once per model call: on a
-GPU a decode step is bound by the number of kernels it launches, and a batch of four adapters ran
-at 0.45x the base's speed with the matrices and scales gathered in every layer.
+are gathered inside the matmuls (`mx.gather_mm`, where the backend runs it on the dtype: MLX's CPU
+one takes float32 only) and their scales come once per model call: on a GPU a decode step is bound
+by the number of kernels it launches, and a batch of four adapters ran at 0.45x the base's speed
+with the matrices and scales gathered in every layer.
 
 Which adapter each row is comes from the batch object calling the model: mlx-lm's
 PromptProcessingBatch and GenerationBatch call `self.model(...)` with their rows in `self.uids`
