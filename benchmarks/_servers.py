@@ -57,6 +57,12 @@ class Running:
                 return
             time.sleep(0.2)
 
+    def recent_traces(self, limit: int) -> list[dict]:
+        """omlx-site's last `limit` request traces, newest first (written off the token path: a
+        moment after the requests end)."""
+        time.sleep(1.0)
+        return self.client.get(self.url + "/api/requests", params={"limit": limit}).json()["data"]
+
     def chat_body(self, messages: list[dict], max_tokens: int, model: str | None = None, **extra) -> dict:
         return {"model": model or self.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
                 "stream": True, "stream_options": {"include_usage": True}, **extra}

@@ -125,8 +125,7 @@ def where_ttft_went(server, streams: int) -> str:
     """Medians over the server's last `streams` traces (the last wave at the top level): time from the
     view's start to the engine (admission + slot + the prompt's encoding), the engine's prefill (handed
     over to the first chunk), and the server's own TTFT, against the client's."""
-    time.sleep(1.0)                       # traces are written off the token path
-    rows = httpx.get(server.url + "/api/requests", params={"limit": streams}, timeout=30).json()["data"]
+    rows = server.recent_traces(streams)
     if not rows:
         return "none"
 

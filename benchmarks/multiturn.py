@@ -81,8 +81,7 @@ def last_turns(server, turns: int) -> list[dict]:
     """Where each of an omlx-site's last `turns` TTFTs went, from its own traces: the route up to the
     engine (the door, the chat template, tokenizing, the checkpoints' renders) and the engine from
     the prompt's hand-over to its first chunk; and the prompt tokens the prompt cache served."""
-    time.sleep(1.0)                     # traces are written off the token path
-    rows = server.client.get(server.url + "/api/requests", params={"limit": turns}).json()["data"][::-1]
+    rows = server.recent_traces(turns)[::-1]
     return [{"route": (r["ttft_ms"] or 0) - (r["prefill_ms"] or 0), "engine": r["prefill_ms"] or 0,
              "cached": r["cached_tokens"] or 0} for r in rows]
 
