@@ -106,7 +106,7 @@ class AdapterSet:
         self._tree: nn.Module | None = None
         self._layers: dict[str, MultiLoRALinear] = {}
         self._order: list[str] = []          # adapter ids; slot i + 1 is self._order[i]
-        self._scales: list[float] = []       # each one's scale, slot i + 1's at i
+        self._scales = self.rows.scales      # each one's scale, slot i + 1's at i (the list the layers read)
 
     def __contains__(self, adapter_id: str) -> bool:
         return adapter_id in self._order
@@ -175,7 +175,6 @@ class AdapterSet:
         if not any(slots) or self._tree is None:
             return self.base(inputs, **kwargs)
         rows = self.rows
-        rows.scales = self._scales
         if all(s == slots[0] for s in slots):
             rows.current = slots[0] - 1
         else:
