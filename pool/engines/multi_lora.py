@@ -123,7 +123,7 @@ class AdapterSet:
         if adapter_id in self._order:
             self.remove(adapter_id)
         tree = self._tree_with(layers)
-        scale = next(iter(layers.values()))[2]
+        scale = next((own for _, _, own in layers.values() if own), 0.0)   # a scale of 0 divides nothing
         for path, layer in self._layers.items():
             a, b = layer.stack
             if path in layers:

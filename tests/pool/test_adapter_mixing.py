@@ -66,6 +66,27 @@ def test_each_row_adds_its_own_adapters_update(dtype):
     assert adapters.nbytes == two.lora_a.nbytes + two.lora_b.nbytes
 
 
+class Two(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(16, 16), nn.Linear(16, 8)
+
+    def __call__(self, x, cache=None):
+        return self.second(self.first(x))
+
+
+def test_an_adapter_whose_first_layer_has_scale_0_keeps_its_other_layers_scale():
+    """PEFT's per-module alphas: a layer's own scale is kept, even where the first layer's is 0."""
+    mx.random.seed(0)
+    model = Two()
+    first, second = lora(model.first, 2, 0.0, 1), lora(model.second, 2, 4.0, 2)
+    adapters = AdapterSet(model)
+    adapters.add("peft", {"first": (first.lora_a, first.lora_b, 0.0),
+                          "second": (second.lora_a, second.lora_b, 4.0)})
+    x = mx.random.normal((2, 3, 16))
+    assert mx.allclose(Fixed(adapters, "peft")(x), second(model.first(x)), atol=1e-5)
+
+
 @pytest.fixture(scope="module", params=("llama", "gemma3_text"))
 def arch(request) -> str:
     return request.param
