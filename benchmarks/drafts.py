@@ -1,13 +1,11 @@
 """Draft models (issue 36 item 2): one stream's decode tok/s with a draft against the same model alone,
 through omlx-site, mlx_lm.server and raw mlx-lm, on one model folder.
 
-The target is a random-weight bf16 llama (pool/catalog/fixture_models.py) of about --target-mb, nudged
-to a size whose widths are multiples of 64 so that every layer quantizes. The agreeing draft is a
-4-bit copy of it (issue 36's example), made by mlx-lm's own `mlx_lm convert -q` from the target's
-folder: make_fixture_model(bits=4) with the target's seed and size would plan another, wider shape
-(a 4-bit model of the same bytes), so it would not be a copy. `--bits 4,8` adds an 8-bit copy; it
-is added anyway when the 4-bit copy's acceptance in raw mlx-lm's first run is below 0.5. The
-unrelated draft is a tiny random llama with the same tokenizer and another seed.
+The target is a random-weight bf16 llama of about --target-mb; its drafts (_draft_models.py): a
+shallow copy made to agree with it (the target's first layers, the deeper ones made quiet: a
+stand-in for a small draft trained on the target's outputs), quantized copies (`--bits 4`, issue
+36's example, made by `mlx_lm convert`; none by default, being the target's layers again) and a
+tiny unrelated random llama (it does not agree).
 
 Three groups, one after another (a GPU holds one group's processes at a time); within a group the
 sides take turns run by run, each with a new prompt (no prefix cache serves it), greedy, --tokens
@@ -36,17 +34,15 @@ import argparse
 import gc
 import itertools
 import math
-import shutil
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from _bandwidth import Bound
-from _models import CACHE, demo_model
+from _draft_models import folders, megabytes
+from _models import demo_model
 from _servers import Running, numbered_prompt, start_mlx_lm, start_omlx
 
 from omlx_site.process import setup_process
@@ -56,63 +52,11 @@ from pool.policy.drafts import MIN_TOKENS, PROBE_EVERY
 setup_process()   # the BLAS and malloc settings, before anything imports MLX
 
 ASK = "Write a short story about a lighthouse keeper."
-SEED = 36
 PROMPTS = itertools.count()    # every run's prompt differs from its first words
-GROUP = 64                     # mlx-lm's quantization group: widths that are not multiples stay dense
-RETRY_8BIT = 0.5               # a 4-bit copy accepted less than this in raw's first run: add an 8-bit copy
 
 
 def say(text: str = "") -> None:
     print(text, flush=True)
-
-
-# ---- folders ---------------------------------------------------------------------------------------
-
-def aligned_mb(mb: float, vocab: int) -> float:
-    """The size nearest `mb` whose planned hidden and feed-forward widths are multiples of GROUP."""
-    from pool.catalog.fixture_models import plan
-
-    for step in range(4000):
-        for size in (mb + step * 0.05, mb - step * 0.05):
-            shape = plan(size * 1e6, vocab, 2)
-            if shape["hidden_size"] % GROUP == 0 and shape["intermediate_size"] % GROUP == 0:
-                return round(size, 2)
-    return mb
-
-
-def folders(mb: float, tokenizer: Path, bits: list[int]) -> tuple[Path, dict[int, Path], Path]:
-    """(target, {bits: its quantized copy}, unrelated draft), built once in the benchmark cache."""
-    from tokenizers import Tokenizer
-
-    from pool.catalog.fixture_models import make_fixture_model
-
-    vocab = Tokenizer.from_file(str(tokenizer / "tokenizer.json")).get_vocab_size()
-    size = aligned_mb(mb, vocab)
-    target = CACHE / "drafts" / f"llama-{size:g}mb-bf16-s{SEED}"
-    if not (target / "config.json").exists():
-        say(f"building the target {target.name} ({size:g} MB bf16)")
-        make_fixture_model(target, size, tokenizer_from=tokenizer, seed=SEED, dtype="bfloat16")
-    unrelated = CACHE / "drafts" / f"llama-tiny-bf16-s{SEED + 1}"
-    if not (unrelated / "config.json").exists():
-        make_fixture_model(unrelated, None, tokenizer_from=tokenizer, seed=SEED + 1, dtype="bfloat16")
-    return target, {b: quantized_copy(target, b) for b in bits}, unrelated
-
-
-def quantized_copy(target: Path, bits: int) -> Path:
-    out = target.with_name(f"{target.name}-q{bits}")
-    if not (out / "config.json").exists():
-        say(f"quantizing {target.name} to {bits} bits (mlx_lm convert)")
-        partial = out.with_name(out.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "mlx_lm", "convert", "--hf-path", str(target), "--mlx-path",
-                        str(partial), "-q", "--q-bits", str(bits), "--q-group-size", str(GROUP)],
-                       check=True, stdout=subprocess.DEVNULL)
-        partial.rename(out)
-    return out
-
-
-def megabytes(folder: Path) -> float:
-    return sum(f.stat().st_size for f in folder.glob("*.safetensors")) / 1e6
 
 
 # ---- sides -----------------------------------------------------------------------------------------
@@ -244,34 +188,21 @@ def mlx_lm_group(args, target: Path, drafts: dict[str, Path]) -> list[Side]:
     return sides
 
 
-def raw_group(args, target: Path, copies: dict[int, Path], unrelated: Path) -> list[Side]:
-    """Raw mlx-lm in this process. The first drafted run checks the 4-bit copy's acceptance (an 8-bit copy
-    joins `copies` when it is low); the models are let go before it returns."""
+def raw_group(args, target: Path, folders: dict[str, Path]) -> list[Side]:
+    """Raw mlx-lm in this process; the models are let go before it returns."""
     from mlx_lm import load
 
     model, tokenizer = load(str(target))
-    drafts = {b: load(str(folder))[0] for b, folder in copies.items()}
-    low = min(drafts)
-    first = raw_run(model, tokenizer, args.tokens, drafts[low], args.draft_tokens)
-    share = first["accepted"] / first["proposed"] if first["proposed"] else 0.0
-    say(f"  check: the {low}-bit copy's acceptance in a first run {first['accepted']}/{first['proposed']} "
-        f"= {share:.2f}")
-    if low == 4 and share < RETRY_8BIT and 8 not in drafts:
-        say(f"  below {RETRY_8BIT}: an 8-bit copy joins the drafts")
-        copies[8] = quantized_copy(target, 8)
-        drafts[8] = load(str(copies[8]))[0]
+    drafts = {label: load(str(folder))[0] for label, folder in folders.items()}
     short = min(16, args.tokens)
     say(f"  each model alone, one run of {short} tokens (a round: {args.draft_tokens} draft steps, one target step):")
-    for label, each in (("the target", model), *((f"the {b}-bit copy", m) for b, m in sorted(drafts.items()))):
+    for label, each in (("the target", model), *drafts.items()):
         say(f"    {label}: {raw_run(each, tokenizer, short)['rate']:.2f} decode tok/s")
     plain = "raw stream_generate"
     sides = [Side(plain, lambda: raw_run(model, tokenizer, args.tokens), plain)]
-    for label, draft in (*((f"{b}-bit copy", m) for b, m in sorted(drafts.items())),
-                         ("unrelated draft", load(str(unrelated))[0])):
+    for label, draft in drafts.items():
         sides.append(Side(f"raw draft_model={label}",
                           lambda d=draft: raw_run(model, tokenizer, args.tokens, d, args.draft_tokens), plain))
-    checked = next(s for s in sides if s.name == f"raw draft_model={low}-bit copy")
-    checked.warmups, checked.warm = [first], 0          # the check was its warm-up
     play(sides, args.runs)
     for side in sides:
         side.run = finished      # the closures hold the models
@@ -334,23 +265,21 @@ def main():
                         "pays only when the target's step is bandwidth-bound)")
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--bits", default="4", help="quantized copies of the target as drafts, e.g. 4,8")
+    p.add_argument("--bits", default="", help="quantized copies of the target as drafts too, e.g. 4,8")
     p.add_argument("--draft-tokens", type=int, default=3, help="tokens a draft proposes a round, on every side")
     p.add_argument("--tokenizer", type=Path, default=None,
                    help="a folder with tokenizer.json (default: the demo model)")
     args = p.parse_args()
     mb = args.target_mb or (400 if cpu_backend() else 8000)
-    bits = sorted({int(b) for b in args.bits.split(",")})
-    tokenizer_folder = args.tokenizer or demo_model()
-    target, copies, unrelated = folders(mb, tokenizer_folder, bits)
+    bits = sorted({int(b) for b in args.bits.split(",") if b})
+    target, drafts = folders(mb, args.tokenizer or demo_model(), bits)
     bound = Bound(target)
     say("raw mlx-lm, in this process:")
-    raw = raw_group(args, target, copies, unrelated)
+    raw = raw_group(args, target, drafts)
     gc.collect()
     import mlx.core as mx
 
     mx.clear_cache()
-    drafts = {**{f"{b}-bit copy": folder for b, folder in sorted(copies.items())}, "unrelated draft": unrelated}
     say("mlx_lm.server:")
     theirs = mlx_lm_group(args, target, drafts)
     say("omlx-site:")
