@@ -15,11 +15,17 @@ from __future__ import annotations
 
 from .disk_cache import common_prefix
 
+# A mark is kept only where it saves a later prompt at least this many tokens of reading over the
+# prefix the cache already holds: each kept mark cuts the prompt's reading into one forward pass more,
+# which on a GPU costs about what reading this many tokens does (a later turn's mark at the end of the
+# earlier turns lies a short answer past the entry it started from).
+MARK_GAIN = 64
+
 
 def positions(marks: tuple[int, ...], cached: int, length: int) -> tuple[int, ...]:
     """The positions of a `length`-token prompt whose first `cached` tokens came from the prompt
-    cache at which to keep a copy: the marks past the cached prefix, and `length` - 1."""
-    kept = {m for m in marks if cached < m < length - 1}
+    cache at which to keep a copy: the marks at least MARK_GAIN past the cached prefix, and `length` - 1."""
+    kept = {m for m in marks if cached + MARK_GAIN <= m < length - 1}
     if length - 1 > cached:
         kept.add(length - 1)
     return tuple(sorted(kept))

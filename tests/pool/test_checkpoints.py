@@ -12,14 +12,16 @@ from pool.engines.checkpoints import chat_marks, generation_tail, next_stop, pos
     "marks, cached, length, expected",
     [
         ((), 0, 100, (99,)),
-        ((20, 60), 0, 100, (20, 60, 99)),
-        ((20, 60), 30, 100, (60, 99)),
-        ((20, 99, 100, 150), 0, 100, (20, 99)),
-        ((20,), 99, 100, ()),
+        ((100, 300), 0, 500, (100, 300, 499)),
+        ((100, 300), 130, 500, (300, 499)),
+        ((100, 300), 260, 500, (499,)),
+        ((30, 300), 0, 500, (300, 499)),
+        ((100, 499, 500, 650), 0, 500, (100, 499)),
+        ((100,), 499, 500, ()),
         ((0, -3), 0, 1, ()),
     ],
-    ids=["the-repeat-point", "the-chats-marks", "a-cached-prefix-passes-them", "none-at-or-past-the-end",
-         "all-but-the-last-token-cached", "a-one-token-prompt"],
+    ids=["the-repeat-point", "the-chats-marks", "a-cached-prefix-passes-them", "a-mark-a-short-answer-past-the-cache",
+         "a-short-system-prompt", "none-at-or-past-the-end", "all-but-the-last-token-cached", "a-one-token-prompt"],
 )
 def test_positions(marks, cached, length, expected):
     assert positions(marks, cached, length) == expected
