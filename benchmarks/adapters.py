@@ -21,7 +21,7 @@ tables show the tokens generated). Decode tok/s = a stream's (tokens - 1) / (las
 time), summed over a wave's streams.
 
     .venv/bin/python benchmarks/adapters.py [--model PATH] [--adapters 16] [--tokens 64] [--rounds 3] [--switches 10]
-        [--no-mlx-lm]
+        [--no-mlx-lm] [--fused N] [--throughput-only]
 """
 
 from __future__ import annotations
@@ -262,6 +262,10 @@ def report(args, base: Path, mem: dict, fused: dict, switching: dict, waves: dic
         f"warm runs {', '.join(f'{x * 1000:.1f}' for x in switching['warm'])}")
     say(f"   an adapter's first chat (its load over the loaded base): median {statistics.median(mem['firsts']):.3f} s")
     say()
+    report_throughput(args, waves, single)
+
+
+def report_throughput(args, waves: dict, single: dict | None) -> None:
     med = {name: {k: statistics.median(w[k] for w in ws) for k in ("decode", "agg", "tokens")}
            for name, ws in waves.items()}
     a, b = med["adapters"], med["base"]
@@ -289,6 +293,8 @@ def main():
     p.add_argument("--fused", type=int, default=None,
                    help="fuse and load only this many copies, the table scaling them to --adapters (a GPU run's "
                         "2 GB copies take minutes each to write)")
+    p.add_argument("--throughput-only", action="store_true",
+                   help="table 3 alone: no fused copies, no switching (a GPU lease's minutes)")
     p.add_argument("--hold-fused", help=argparse.SUPPRESS)
     p.add_argument("--dequantize", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -301,7 +307,7 @@ def main():
     base = (args.model or demo_model()).resolve()
     say(f"building {args.adapters} adapters and their fused copies in {CACHE} (once)")
     adapters = adapter_folders(base, args.adapters)
-    fused = fused_folders(base, adapters[:args.fused or len(adapters)])
+    fused = [] if args.throughput_only else fused_folders(base, adapters[:args.fused or len(adapters)])
     base_id = base.name
     ids = [f"{base_id}:{a.name}" for a in adapters]
     single = None
@@ -309,8 +315,10 @@ def main():
     server = start_omlx(base, *adapters)
     try:
         mem = memory_phase(server, base_id, ids)
-        say("2. switching")
-        switching = switching_phase(server, ids, args.switches)
+        switching = {}
+        if not args.throughput_only:
+            say("2. switching")
+            switching = switching_phase(server, ids, args.switches)
         say(f"3. throughput: {STREAMS} streams on {STREAMS} adapters vs {STREAMS} on the base")
         waves = throughput_phase(server, base_id, ids, args.tokens, args.rounds)
         if not args.no_mlx_lm:
@@ -321,6 +329,10 @@ def main():
                 theirs.stop()
     finally:
         server.stop()
+    if args.throughput_only:
+        say()
+        report_throughput(args, waves, single)
+        return
     dequantize = as_the_pool_loads(base)
     say(f"1. memory: {len(fused)} fused copies loaded one after another in a fresh process"
         f"{' (float32, as the pool loads them here)' if dequantize else ''}")

@@ -25,7 +25,7 @@ Issue 36's targets, for the GPU: agreeing draft >= 1.5x the model alone; unrelat
 (never slower). On the CPU backend the figures are measured and stated, not judged.
 
     .venv/bin/python benchmarks/drafts.py [--target-mb 400] [--tokens 128] [--runs 3] [--bits 4]
-        [--draft-tokens 3] [--tokenizer PATH]
+        [--draft-tokens 3] [--groups omlx,mlx_lm,raw] [--tokenizer PATH]
 """
 
 from __future__ import annotations
@@ -266,6 +266,7 @@ def main():
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--bits", default="", help="quantized copies of the target as drafts too, e.g. 4,8")
     p.add_argument("--draft-tokens", type=int, default=3, help="tokens a draft proposes a round, on every side")
+    p.add_argument("--groups", default="omlx,mlx_lm,raw", help="which groups run, in this order's subset")
     p.add_argument("--tokenizer", type=Path, default=None,
                    help="a folder with tokenizer.json (default: the demo model)")
     args = p.parse_args()
@@ -273,13 +274,13 @@ def main():
     bits = sorted({int(b) for b in args.bits.split(",") if b})
     target, drafts = folders(mb, args.tokenizer or demo_model(), bits)
     bound = Bound(target)
-    say("omlx-site:")            # first: what a deadline cuts short is the others
-    ours = omlx_group(args, target, drafts)
-    say("mlx_lm.server:")
-    theirs = mlx_lm_group(args, target, drafts)
-    say("raw mlx-lm, in this process:")
-    raw = raw_group(args, target, drafts)
-    report(args, target, {label: megabytes(folder) for label, folder in drafts.items()}, bound, [ours, theirs, raw])
+    groups = []     # ours first: what a deadline cuts short is the others
+    for name, title, run in (("omlx", "omlx-site", omlx_group), ("mlx_lm", "mlx_lm.server", mlx_lm_group),
+                             ("raw", "raw mlx-lm, in this process", raw_group)):
+        if name in args.groups.split(","):
+            say(f"{title}:")
+            groups.append(run(args, target, drafts))
+    report(args, target, {label: megabytes(folder) for label, folder in drafts.items()}, bound, groups)
 
 
 if __name__ == "__main__":
