@@ -305,7 +305,8 @@ def main():
         p.error(f"--adapters must be at least {STREAMS}")
     args.loads = [load_average()]
     base = (args.model or demo_model()).resolve()
-    say(f"building {args.adapters} adapters and their fused copies in {CACHE} (once)")
+    copies = "" if args.throughput_only else " and their fused copies"
+    say(f"building {args.adapters} adapters{copies} in {CACHE} (once)")
     adapters = adapter_folders(base, args.adapters)
     fused = [] if args.throughput_only else fused_folders(base, adapters[:args.fused or len(adapters)])
     base_id = base.name

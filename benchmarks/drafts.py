@@ -187,19 +187,19 @@ def mlx_lm_group(args, target: Path, drafts: dict[str, Path]) -> list[Side]:
     return sides
 
 
-def raw_group(args, target: Path, folders: dict[str, Path]) -> list[Side]:
+def raw_group(args, target: Path, drafts: dict[str, Path]) -> list[Side]:
     """Raw mlx-lm in this process; the models are let go before it returns."""
     from mlx_lm import load
 
     model, tokenizer = load(str(target))
-    drafts = {label: load(str(folder))[0] for label, folder in folders.items()}
+    loaded = {label: load(str(folder))[0] for label, folder in drafts.items()}
     short = min(16, args.tokens)
     say(f"  each model alone, one run of {short} tokens (a round: {args.draft_tokens} draft steps, one target step):")
-    for label, each in (("the target", model), *drafts.items()):
+    for label, each in (("the target", model), *loaded.items()):
         say(f"    {label}: {raw_run(each, tokenizer, short)['rate']:.2f} decode tok/s")
     plain = "raw stream_generate"
     sides = [Side(plain, lambda: raw_run(model, tokenizer, args.tokens), plain)]
-    for label, draft in drafts.items():
+    for label, draft in loaded.items():
         sides.append(Side(f"raw draft_model={label}",
                           lambda d=draft: raw_run(model, tokenizer, args.tokens, d, args.draft_tokens), plain))
     play(sides, args.runs)
