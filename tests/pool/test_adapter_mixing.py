@@ -59,7 +59,7 @@ def test_each_row_adds_its_own_adapters_update(dtype):
     mixed = adapters.run([adapters.slot("two"), 0, adapters.slot("one")], x)
     for row, want in enumerate([two(x[0:1]), model(x[1:2]), one(x[2:3])]):
         assert mx.allclose(mixed[row:row + 1], want, atol=tol, rtol=tol), row
-    assert not mx.allclose(two(x[0:1]), model(x[0:1]), atol=1e-1)    # the updates are not nothing
+    assert not mx.allclose(two(x[0:1]), model(x[0:1]), atol=1e-3 if dtype == mx.float32 else 1e-1)    # not nothing
     adapters.remove("one")                       # the stack shrinks: "two" still gets its own
     assert mx.allclose(Fixed(adapters, "two")(x), two(x), atol=tol, rtol=tol)
     assert mx.array_equal(Fixed(adapters, None)(x), model(x))
