@@ -20,6 +20,7 @@ import collections
 import time
 
 from .checkpoints import chat_marks, generation_tail
+from .grammar import prepare as prepare_grammar
 
 ADMIT_WAIT = 0.02      # seconds the step that starts new requests waits for announced ones, at most
 ANNOUNCED_FOR = 0.5    # an announcement older than this is not waited for (a prompt only counted, or refused)
@@ -72,7 +73,8 @@ class Arrivals:
 
 
 class PromptEncoding:
-    """A text engine's prompts: its tokenizer, and encoding that announces a request to `arrivals`."""
+    """A text engine's prompts: its tokenizer (and its grammar tables), and encoding that announces a
+    request to `arrivals`."""
 
     _tokenizer = None
     _generation_tail: int | None = None    # checkpoints.generation_tail of this tokenizer, once asked
@@ -85,6 +87,13 @@ class PromptEncoding:
     @property
     def vocab_size(self) -> int | None:
         return len(self._tokenizer) if self._tokenizer is not None else None
+
+    def prepare_constraints(self) -> None:
+        """Build the tokenizer's grammar tables now (about 1 s, once per tokenizer), on the calling
+        thread, rather than on the engine thread at the first constrained request, where they would
+        stall the model's running streams."""
+        if self._tokenizer is not None:
+            prepare_grammar(self._tokenizer)
 
     def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """The prompt of a chat; `tools` (OpenAI function tools) go to the chat template, which

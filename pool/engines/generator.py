@@ -27,7 +27,6 @@ from .checkpoints import positions
 from .drafting import Drafter, DraftHolder, load_drafter
 from .engine_cache import PromptCaching
 from .generation_request import Outbox, Request, received
-from .grammar import prepare as prepare_grammar
 from .lanes import BatchLane, SoloLane, new_cache, prefill_chunk
 from .loading import fill_weights, model_info, open_model
 from .multi_lora import AdapterSet
@@ -91,13 +90,6 @@ class TextEngine(PromptEncoding, PromptCaching, DraftHolder, AdapterHosting, Eng
         """End every running request with `RequestAborted(message, code)`; the model stays loaded."""
         error = RequestAborted(message, code)
         self._post(lambda: self._abort_all(error))
-
-    def prepare_constraints(self) -> None:
-        """Build the tokenizer's grammar tables now (about 1 s, once per tokenizer), on the calling
-        thread, rather than on the engine thread at the first constrained request, where they would
-        stall the model's running streams."""
-        if self._tokenizer is not None:
-            prepare_grammar(self._tokenizer)
 
     # ---- generation ------------------------------------------------------------------------
 
@@ -232,9 +224,9 @@ class TextEngine(PromptEncoding, PromptCaching, DraftHolder, AdapterHosting, Eng
 
     def _fail_start(self, choices: list[Request], error: Exception) -> None:
         for req in choices:
+            self._outbox.emit(req, EngineError(f"could not start generation: {error}"))
             self._remove(req)
             self._retire(req.lane)
-            self._outbox.emit(req, EngineError(f"could not start generation: {error}"))
 
     def _step_prefills(self) -> None:
         """Read one chunk of each shared prompt; a prompt read in full starts its choices."""
@@ -300,11 +292,19 @@ class TextEngine(PromptEncoding, PromptCaching, DraftHolder, AdapterHosting, Eng
                     self._prefills.remove(job)
                 return
 
-    def _abort_all(self, error: BaseException) -> None:
-        waiting = [req for job in self._prefills for req in job.requests]
-        for req in list(self._requests.values()) + waiting:
-            self._remove(req)
+    def _in_flight(self) -> list[Request]:
+        return list(self._requests.values()) + [req for job in self._prefills for req in job.requests]
+
+    def _fail_in_flight(self, error: EngineError) -> None:
+        for req in self._in_flight():
             self._outbox.emit(req, error)
+        self._requests, self._prefills = {}, []
+        self._outbox.flush()
+
+    def _abort_all(self, error: BaseException) -> None:
+        for req in self._in_flight():
+            self._outbox.emit(req, error)      # first: a remove that fails (the device) must not lose it
+            self._remove(req)
 
     def _step(self) -> None:
         self.arrivals.stepped()
@@ -336,8 +336,8 @@ class TextEngine(PromptEncoding, PromptCaching, DraftHolder, AdapterHosting, Eng
                     self._deliver(req, step.token, step.finish_reason, step.logprobs)
                 except Exception as e:
                     log.exception("delivering a token failed on %s", self.model_id)
-                    self._remove(req)
                     self._outbox.emit(req, EngineError(f"generation failed: {type(e).__name__}"))
+                    self._remove(req)
             self._retire(key)
         if time.monotonic() - self._stats_at >= STATS_INTERVAL or not self._requests:
             self._update_cache_stats()
@@ -350,8 +350,8 @@ class TextEngine(PromptEncoding, PromptCaching, DraftHolder, AdapterHosting, Eng
 
     def _fail_lane(self, key, error: EngineError) -> None:
         for req in [r for (k, _), r in self._requests.items() if k == key]:
+            self._outbox.emit(req, error)      # first: a remove that fails (the device) must not lose it
             self._remove(req)
-            self._outbox.emit(req, error)
         lane = self._lanes.pop(key, None)
         if lane is not None:
             lane.close()

@@ -37,10 +37,19 @@ Layers = dict[str, tuple[mx.array, mx.array, float]]   # module path -> (lora_a,
 
 @functools.cache
 def gather_mm_takes(dtype) -> bool:
-    """Whether this backend's gather_mm runs on `dtype` (MLX's CPU backend: float32 only), tried once."""
+    """Whether this backend's gather_mm runs on `dtype` (MLX's CPU backend: float32 only) and gives what
+    gathering before the matmuls gives, tried once on a mixed batch's shapes: rows out of order, one
+    token (a decode step) and several (a prompt)."""
+    index = mx.array([2, 0, 2], mx.uint32)
+    a = mx.random.normal((3, 64, 8), key=mx.random.key(0)).astype(dtype)
+    b = mx.random.normal((3, 8, 32), key=mx.random.key(1)).astype(dtype)
     try:
-        mx.eval(mx.gather_mm(mx.zeros((1, 1, 2), dtype), mx.zeros((1, 2, 2), dtype),
-                             rhs_indices=mx.array([0], mx.uint32)))
+        for tokens in (1, 5):
+            x = mx.random.normal((3, tokens, 64), key=mx.random.key(tokens)).astype(dtype)
+            got = mx.gather_mm(mx.gather_mm(x, a, rhs_indices=index), b, rhs_indices=index)
+            want = (x @ a[index]) @ b[index]
+            if not mx.allclose(got.astype(mx.float32), want.astype(mx.float32), rtol=0.05, atol=0.5).item():
+                return False
     except (RuntimeError, ValueError):
         return False
     return True

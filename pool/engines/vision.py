@@ -216,8 +216,8 @@ class VisionEngine(EngineWorker):
                 self._step(job)
             except Exception as e:      # this request ends alone; the others go on
                 log.exception("a vision generation step failed on %s", self.model_id)
-                self._remove(job.req)
                 self._outbox.emit(job.req, EngineError(f"generation failed: {type(e).__name__}"))
+                self._remove(job.req)
         self._update_cache_stats()
 
     def _step(self, job: _Job) -> None:
@@ -264,10 +264,17 @@ class VisionEngine(EngineWorker):
         req.done = True
         self.active_requests = len(self._jobs)
 
+    def _fail_in_flight(self, error: EngineError) -> None:
+        for job in self._jobs:
+            job.req.done = True
+            self._outbox.emit(job.req, error)
+        self._jobs = []
+        self._outbox.flush()
+
     def _abort_all(self, error: BaseException) -> None:
         for job in list(self._jobs):
-            self._remove(job.req)
             self._outbox.emit(job.req, error)
+            self._remove(job.req)
 
     def _after_commands(self) -> None:
         if not self._jobs:

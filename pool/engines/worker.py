@@ -27,7 +27,7 @@ import psutil
 from .loading import LoadProgress
 from .mailbox import Command, Mailbox, Stop, settle
 from .memory_release import ACCOUNTING, Watched, release_memory, trim_native_heap
-from .protocol import CacheStats, LoadAborted, LoadResult, ReleaseResult, RequestAborted
+from .protocol import CacheStats, EngineError, LoadAborted, LoadResult, ReleaseResult, RequestAborted
 from .threads import ENGINE_THREADS, Running
 
 NOTHING_RELEASED = ReleaseResult(0, 0, 0, 0)
@@ -53,6 +53,8 @@ class EngineWorker:
         self._stop: Stop | None = None
         self._watched = Watched()      # the model and its weights, weakly: proof that a release let go
         self._idle_jobs: list[Callable[[], None]] = []   # run one at a time while no work waits (a warm-up)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.on_failed: Callable[[str], None] | None = None   # on the loop, once the engine has failed
 
     # ---- the event loop's side ----------------------------------------------------------------
 
@@ -110,6 +112,7 @@ class EngineWorker:
 
     def _run(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future,
              memory_free: threading.Event | None) -> None:
+        self._loop = loop
         try:
             try:
                 result = self._open(memory_free)
@@ -130,6 +133,16 @@ class EngineWorker:
             self._close()   # the thread then synchronizes and goes back to ENGINE_THREADS
 
     def _serve(self) -> None:
+        try:
+            stop = self._serve_until_stop()
+            released = self._measured_release(stop.message)
+        except Exception as e:  # noqa: BLE001 - past every request's own handling (a device error, say)
+            self._end_failed(e)
+            return
+        self._stop = None
+        stop.settle(released)
+
+    def _serve_until_stop(self) -> Stop:
         while self._stop is None:
             self._take_commands(block=not (self._has_work() or self._has_idle_work()))
             while self._stop is None and (wait := self._admission_wait()) > 0:
@@ -139,8 +152,28 @@ class EngineWorker:
             elif self._stop is None and self._has_idle_work():
                 self._idle_step()     # a command or a request that came meanwhile went first
             self._after_commands()
+        return self._stop
+
+    def _end_failed(self, error: Exception) -> None:
+        """The engine cannot go on: every request in flight gets an error now (without MLX, which may
+        be what failed), the model is let go, and the pool is told, which unloads its entry."""
+        log.exception("%s: the engine failed and ends", self.model_id)
+        message = f"the engine failed: {type(error).__name__}: {error}"
+        self._fail_in_flight(EngineError(message))
+        traceback.clear_frames(error.__traceback__)
+        try:
+            self._drop_model()
+            release_memory()
+        except Exception:
+            log.exception("%s: letting the failed engine's model go failed", self.model_id)
         stop, self._stop = self._stop, None
-        stop.settle(self._measured_release(stop.message))
+        if stop is not None:      # an unload that came meanwhile finds nothing left to release
+            stop.settle(NOTHING_RELEASED)
+        if self.on_failed is not None and self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self.on_failed, message)
+            except RuntimeError:   # the loop has closed: the process is ending
+                pass
 
     def _has_idle_work(self) -> bool:
         return bool(self._idle_jobs)
@@ -219,6 +252,9 @@ class EngineWorker:
     def _watch(self) -> Watched:
         """What a release must let go of: the model and its weights."""
         return Watched.of(getattr(self, "_model", None))
+
+    def _fail_in_flight(self, error: EngineError) -> None:
+        """Hand `error` to every request the engine holds, touching no MLX array (a failed engine)."""
 
     def _drop_model(self) -> None:
         """Let go of the model and everything that refers to it; the release (gc, the cache) follows."""

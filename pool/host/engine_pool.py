@@ -8,6 +8,7 @@ made by the model's kind (pool/catalog/kinds.py), or by `make_engine` (tests giv
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -227,6 +228,7 @@ class EnginePool(PoolLifecycle):
             raise error(plan.message, code=plan.code, param="model", blockers=list(plan.blockers))
         # made now, not when the victims are gone: an abort must reach the load at any point
         entry.engine = self.engine_maker(entry.kind, entry.id, entry.path, **self._engine_options(entry))
+        entry.engine.on_failed = functools.partial(self._engine_failed, entry, entry.engine)
         if entry.kind.protocol == GENERATE:
             entry.engine.prefill_step, entry.engine.prefill_step_alone = self.prefill_step, self.prefill_step_alone
         entry.state, entry.load_started_at, entry.failure = State.LOADING, self.clock(), None
@@ -325,6 +327,12 @@ class EnginePool(PoolLifecycle):
                             'send {"force": true} to abort them and unload.', leases=entry.leases)
         await self.unload_entry(entry, reason=Reason.MANUAL, message="the model was unloaded by an operator")
         return entry
+
+    def _engine_failed(self, entry: Entry, engine: Any, message: str) -> None:
+        """An engine ended on an error of its own, its requests given theirs: the entry is unloaded,
+        so that the next request loads the model again."""
+        if entry.engine is engine and entry.state == State.LOADED:
+            self._spawn(self.unload_entry(entry, reason=Reason.ENGINE_FAILED, detail=message))
 
     def _mark_unloading(self, entry: Entry) -> None:
         entry.state = State.UNLOADING

@@ -41,6 +41,7 @@ class Reason(StrEnum):
     REQUESTS_ABORTED = "requests_aborted"
     STORAGE_FAULT = "storage_fault"          # writes under the data folder started failing (pool/storage.py)
     STORAGE_RECOVERED = "storage_recovered"  # ... and work again
+    ENGINE_FAILED = "engine_failed"          # its engine ended on an error of its own (a device error, say)
 
 
 class ActionKind(StrEnum):

@@ -238,3 +238,25 @@ async def test_two_unloads_of_one_model_stop_it_once(models):
     await manual
     assert len(stops) == 1 and core.states()["a"] == "unloaded"
     assert core.events() == [("unload", "manual", "a")]
+
+
+async def test_an_engine_that_fails_is_unloaded_and_the_next_request_loads_it_again(models):
+    """An engine thread that ends on an error of its own (engines/worker.py) tells the pool, from the
+    loop: the entry goes, with an engine_failed event, and is loaded afresh by the next request; a
+    notice from an engine already replaced changes nothing."""
+    core = Core(models)
+    await core.complete("a")
+    failed = core.pool.entries["a"].engine
+    failed.on_failed("the engine failed: RuntimeError: device error")
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+        if core.states()["a"] == "unloaded":
+            break
+    assert core.states()["a"] == "unloaded"
+    assert core.events() == [("unload", "engine_failed", "a")]
+    assert "device error" in core.pool.events.recent[-1]["detail"]
+    assert await core.complete("a")
+    assert core.states()["a"] == "loaded" and core.engines.loads["a"] == 2
+    failed.on_failed("the engine failed: late")          # the old engine's notice, after the reload
+    await asyncio.sleep(0.05)
+    assert core.states()["a"] == "loaded" and len(core.events()) == 1
