@@ -1,4 +1,5 @@
-"""A model with a draft (engines/drafting.py), on real MLX: a lone request decodes through mlx-lm's
+"""A model with a draft (engines/drafting.py), on real MLX (a two-layer random llama; a random phi3,
+whose head is not its embedding, as the draft that does not agree): a lone request decodes through mlx-lm's
 speculative_generate_step and answers exactly as plain greedy decoding does; an agreeing draft has
 every proposed token accepted; a draft that does not agree stops being used within the request and
 for the next ones (only the periodic probe tries it again); requests together decode in the batch,
@@ -26,8 +27,8 @@ async def answer(engine, i: int, tokens: int = TOKENS):
 
 
 def dense(draft) -> LoadOptions:
-    """Target and draft read dequantized, as the pool reads the 4-bit demo on the CPU backend (whose
-    quantized matmuls are several times slower)."""
+    """Target and draft read dequantized where quantized, as the pool reads a 4-bit model on the CPU
+    backend (whose quantized matmuls are several times slower)."""
     return LoadOptions(draft=draft, dequantize=True, draft_dequantize=True)
 
 
@@ -41,21 +42,21 @@ async def answers(draft, count: int, base) -> list:
 
 
 @pytest.fixture(scope="module")
-def plain(demo_model_dir):
-    return asyncio.run(answers(None, 3, demo_model_dir))[2:]
+def plain(stand_in_demo_dir):
+    return asyncio.run(answers(None, 3, stand_in_demo_dir))[2:]
 
 
-def test_an_agreeing_draft_has_every_token_accepted_and_changes_no_answer(demo_model_dir, plain):
-    loaded, engine, *drafted = asyncio.run(answers(demo_model_dir, 2, demo_model_dir))
+def test_an_agreeing_draft_has_every_token_accepted_and_changes_no_answer(stand_in_demo_dir, plain):
+    loaded, engine, *drafted = asyncio.run(answers(stand_in_demo_dir, 2, stand_in_demo_dir))
     assert [text for text, _ in drafted] == [text for text, _ in plain[:2]]
     first = drafted[0][1]
     assert first.draft_proposed >= TOKENS * 3 // 4 - 3 and first.draft_accepted == first.draft_proposed
     assert loaded.measured_bytes == 2 * loaded.model_info["draft"]["bytes"]     # the pair (the same model twice)
 
 
-def test_a_draft_that_does_not_agree_is_dropped_and_changes_no_answer(demo_model_dir, make_model, plain):
-    unrelated = make_model("arch-llama-tiny", None, arch="llama")      # the demo's tokenizer, random weights
-    _, _, *drafted = asyncio.run(answers(unrelated, 3, demo_model_dir))
+def test_a_draft_that_does_not_agree_is_dropped_and_changes_no_answer(stand_in_demo_dir, make_model, plain):
+    unrelated = make_model("arch-phi3", None, arch="phi3")      # the same tokenizer, its own random head
+    _, _, *drafted = asyncio.run(answers(unrelated, 3, stand_in_demo_dir))
     assert [text for text, _ in drafted] == [text for text, _ in plain]
     first = drafted[0][1]
     # judged once MIN_TOKENS were proposed: it went on plainly from there
@@ -64,9 +65,9 @@ def test_a_draft_that_does_not_agree_is_dropped_and_changes_no_answer(demo_model
     assert drafted[2][1].draft_proposed == 0          # ... and not the draft again: its acceptance is too low
 
 
-def test_requests_together_decode_plainly_in_the_batch(demo_model_dir):
+def test_requests_together_decode_plainly_in_the_batch(stand_in_demo_dir):
     async def run():
-        engine = TextEngine("m", demo_model_dir, load=dense(demo_model_dir))
+        engine = TextEngine("m", stand_in_demo_dir, load=dense(stand_in_demo_dir))
         await engine.load()
         try:
             alone = [await answer(engine, i, 12) for i in range(2)]
@@ -79,10 +80,10 @@ def test_requests_together_decode_plainly_in_the_batch(demo_model_dir):
     assert [t for t, _ in together] == [t for t, _ in alone]
 
 
-def test_dropping_the_draft_mid_request_goes_on_plainly(demo_model_dir, plain):
+def test_dropping_the_draft_mid_request_goes_on_plainly(stand_in_demo_dir, plain):
     """Memory pressure's DROP_DRAFT: the lone drafting request continues without it, to the same answer."""
     async def run():
-        engine = TextEngine("m", demo_model_dir, load=dense(demo_model_dir))
+        engine = TextEngine("m", stand_in_demo_dir, load=dense(stand_in_demo_dir))
         loaded = await engine.load()
         try:
             prompt = await asyncio.to_thread(engine.encode_chat, [{"role": "user", "content": QUESTION.format(0)}])
