@@ -54,7 +54,7 @@ class EngineWorker:
         self._watched = Watched()      # the model and its weights, weakly: proof that a release let go
         self._idle_jobs: list[Callable[[], None]] = []   # run one at a time while no work waits (a warm-up)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.on_failed: Callable[[str], None] | None = None   # on the loop, once the engine has failed
+        self.on_failed: Callable[[Any, str], None] | None = None   # (this engine, why), on the loop, once failed
 
     # ---- the event loop's side ----------------------------------------------------------------
 
@@ -171,7 +171,7 @@ class EngineWorker:
             stop.settle(NOTHING_RELEASED)
         if self.on_failed is not None and self._loop is not None:
             try:
-                self._loop.call_soon_threadsafe(self.on_failed, message)
+                self._loop.call_soon_threadsafe(self.on_failed, self, message)
             except RuntimeError:   # the loop has closed: the process is ending
                 pass
 

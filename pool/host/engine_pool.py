@@ -228,7 +228,7 @@ class EnginePool(PoolLifecycle):
             raise error(plan.message, code=plan.code, param="model", blockers=list(plan.blockers))
         # made now, not when the victims are gone: an abort must reach the load at any point
         entry.engine = self.engine_maker(entry.kind, entry.id, entry.path, **self._engine_options(entry))
-        entry.engine.on_failed = functools.partial(self._engine_failed, entry, entry.engine)
+        entry.engine.on_failed = functools.partial(self._engine_failed, entry)    # holds no engine: no cycle
         if entry.kind.protocol == GENERATE:
             entry.engine.prefill_step, entry.engine.prefill_step_alone = self.prefill_step, self.prefill_step_alone
         entry.state, entry.load_started_at, entry.failure = State.LOADING, self.clock(), None

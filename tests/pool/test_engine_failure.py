@@ -38,7 +38,7 @@ def test_a_device_error_past_the_steps_own_handling_ends_every_request_and_tells
         engine = TextEngine("m", stand_in_demo_dir)
         await engine.load()
         told: list[str] = []
-        engine.on_failed = told.append
+        engine.on_failed = lambda failed, why: told.append((failed, why))
         prompt = await asyncio.to_thread(engine.encode_chat, [{"role": "user", "content": "Hello there"}])
         assert await collect(engine, prompt)                     # it works before the device fails
         monkeypatch.setattr(BatchLane, "step", failing_step)
@@ -51,7 +51,7 @@ def test_a_device_error_past_the_steps_own_handling_ends_every_request_and_tells
             if told:
                 break
             await asyncio.sleep(0.05)
-        assert len(told) == 1 and "illegal memory access" in told[0]
+        assert len(told) == 1 and told[0][0] is engine and "illegal memory access" in told[0][1]
         with pytest.raises(RequestAborted):
             await collect(engine, prompt)
         assert await asyncio.wait_for(engine.stop(), 10) == NOTHING_RELEASED

@@ -247,7 +247,7 @@ async def test_an_engine_that_fails_is_unloaded_and_the_next_request_loads_it_ag
     core = Core(models)
     await core.complete("a")
     failed = core.pool.entries["a"].engine
-    failed.on_failed("the engine failed: RuntimeError: device error")
+    failed.on_failed(failed, "the engine failed: RuntimeError: device error")
     for _ in range(20):
         await asyncio.sleep(0.01)
         if core.states()["a"] == "unloaded":
@@ -257,6 +257,6 @@ async def test_an_engine_that_fails_is_unloaded_and_the_next_request_loads_it_ag
     assert "device error" in core.pool.events.recent[-1]["detail"]
     assert await core.complete("a")
     assert core.states()["a"] == "loaded" and core.engines.loads["a"] == 2
-    failed.on_failed("the engine failed: late")          # the old engine's notice, after the reload
+    failed.on_failed(failed, "the engine failed: late")          # the old engine's notice, after the reload
     await asyncio.sleep(0.05)
     assert core.states()["a"] == "loaded" and len(core.events()) == 1
