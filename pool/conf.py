@@ -26,6 +26,7 @@ from .setting_parsers import (
     parse_size,
     positive_int,
     size_or_keyword,
+    tokens_or_auto,
     tokens_or_context,
 )
 
@@ -99,9 +100,10 @@ SETTINGS: list[Setting] = [
     Setting("OMLX_PREFILL_STEP", "512", positive_int,
             "prompt tokens read per step; running streams decode a token between two steps (memory pressure lowers "
             "it)", group=TUNING),
-    Setting("OMLX_PREFILL_STEP_ALONE", "2048", positive_int,
-            "prompt tokens read per step by a request alone on its model, with no stream to hold up (mlx-lm's own "
-            "step; memory pressure lowers it like OMLX_PREFILL_STEP)", group=TUNING),
+    Setting("OMLX_PREFILL_STEP_ALONE", "auto", tokens_or_auto(cpu=256, gpu=2048),
+            "prompt tokens read per step by a request alone on its model, with no stream to hold up; auto = 2048 "
+            "(mlx-lm's own step) on a GPU, 256 on the CPU backend, where attention makes one long chunk slower than "
+            "several short ones; memory pressure lowers it like OMLX_PREFILL_STEP", group=TUNING),
     Setting("OMLX_DRAFT_TOKENS", "3", positive_int,
             "tokens a model's draft proposes per round of speculative decoding (its `draft_model` setting)",
             group=TUNING),

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from typing import Callable
 
+from .backend import cpu_backend
+
 _UNITS = {
     "": 1, "b": 1,
     "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
@@ -80,6 +82,15 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise ValueError(f"must be >= 1: {text!r}")
     return value
+
+
+def tokens_or_auto(*, cpu: int, gpu: int) -> Callable[[str], int]:
+    """A count of tokens, or `auto`: `cpu` on MLX's CPU backend, `gpu` elsewhere."""
+    def parse(text: str) -> int:
+        if text.strip().lower() != "auto":
+            return positive_int(text)
+        return cpu if cpu_backend() else gpu
+    return parse
 
 
 def tokens_or_context(text: str) -> int | None:

@@ -96,6 +96,12 @@ def test_mlx_imported_first_is_too_late():
         ("OMLX_BLAS", "MKL", "mkl"),
         ("OMLX_BLAS", "off", "off"),
         ("OMLX_BLAS", "accelerate", ImproperlyConfigured),
+        # the CPU backend's attention makes one long chunk slower than several short ones
+        ("OMLX_PREFILL_STEP_ALONE", None, 256 if cpu_backend() else 2048),
+        ("OMLX_PREFILL_STEP_ALONE", " Auto ", 256 if cpu_backend() else 2048),
+        ("OMLX_PREFILL_STEP_ALONE", "1024", 1024),
+        ("OMLX_PREFILL_STEP_ALONE", "0", ImproperlyConfigured),
+        ("OMLX_PREFILL_STEP_ALONE", "long", ImproperlyConfigured),
     ],
 )
 def test_parsing(monkeypatch, name, raw, expected):

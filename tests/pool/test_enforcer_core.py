@@ -235,7 +235,7 @@ async def test_pressure_walks_the_prompt_cache_cap_down_and_back_up(models):
 
 @pytest.mark.parametrize("base, step, alone", [(0, 512, 2048), (720, 256, 256), (800, 128, 128)])
 async def test_the_prefill_steps_shrink_under_pressure(models, base, step, alone):
-    core = Core(models, memory_ceiling=CEILING)
+    core = Core(models, memory_ceiling=CEILING, prefill_step_alone=2048)     # a GPU's default
     await loaded(core, "a", "b")
     for name in "ab":
         core.pool.entries[name].leases = 1                               # busy: nothing is evicted
