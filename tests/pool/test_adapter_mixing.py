@@ -18,9 +18,10 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.tuner.lora import LoRALinear
 
+from pool.backend import cpu_backend
 from pool.engines.adapter import AdapterEngine
 from pool.engines.generator import TextEngine
-from pool.engines.multi_lora import AdapterSet, Fixed
+from pool.engines.multi_lora import AdapterSet, Fixed, gather_mm_takes
 from pool.engines.protocol import RequestAborted, SamplingParams
 
 TOKENS = 12
@@ -64,6 +65,13 @@ def test_each_row_adds_its_own_adapters_update(dtype):
     assert mx.allclose(Fixed(adapters, "two")(x), two(x), atol=tol, rtol=tol)
     assert mx.array_equal(Fixed(adapters, None)(x), model(x))
     assert adapters.nbytes == two.lora_a.nbytes + two.lora_b.nbytes
+
+
+@pytest.mark.skipif(not cpu_backend(), reason="MLX's CPU backend")
+def test_the_gather_mm_trial_takes_what_the_cpu_runs_and_refuses_the_rest():
+    """The trial (a mixed batch's shapes, compared with gathering first) passes float32 on the CPU,
+    so mixed batches gather inside the matmuls there, and refuses bfloat16, which CPU gather_mm lacks."""
+    assert gather_mm_takes(mx.float32) and not gather_mm_takes(mx.bfloat16)
 
 
 class Two(nn.Module):

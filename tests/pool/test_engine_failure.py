@@ -37,7 +37,7 @@ def test_a_device_error_past_the_steps_own_handling_ends_every_request_and_tells
     async def main():
         engine = TextEngine("m", stand_in_demo_dir)
         await engine.load()
-        told: list[str] = []
+        told: list[tuple] = []
         engine.on_failed = lambda failed, why: told.append((failed, why))
         prompt = await asyncio.to_thread(engine.encode_chat, [{"role": "user", "content": "Hello there"}])
         assert await collect(engine, prompt)                     # it works before the device fails
