@@ -35,6 +35,16 @@ from mlx.utils import tree_unflatten
 Layers = dict[str, tuple[mx.array, mx.array, float]]   # module path -> (lora_a, lora_b, scale)
 
 
+def gathered_inside(x: mx.array, a: mx.array, b: mx.array, index: mx.array) -> mx.array:
+    """Each row of x through its own (A, B): the matrices gathered inside the matmuls."""
+    return mx.gather_mm(mx.gather_mm(x, a, rhs_indices=index), b, rhs_indices=index)
+
+
+def gathered_first(x: mx.array, a: mx.array, b: mx.array, index: mx.array) -> mx.array:
+    """The same, each row's matrices gathered before the matmuls (any backend, any dtype)."""
+    return (x @ a[index]) @ b[index]
+
+
 @functools.cache
 def gather_mm_takes(dtype) -> bool:
     """Whether this backend's gather_mm runs on `dtype` (MLX's CPU backend: float32 only) and gives what
@@ -46,8 +56,7 @@ def gather_mm_takes(dtype) -> bool:
     try:
         for tokens in (1, 5):
             x = mx.random.normal((3, tokens, 64), key=mx.random.key(tokens)).astype(dtype)
-            got = mx.gather_mm(mx.gather_mm(x, a, rhs_indices=index), b, rhs_indices=index)
-            want = (x @ a[index]) @ b[index]
+            got, want = gathered_inside(x, a, b, index), gathered_first(x, a, b, index)
             if not mx.allclose(got.astype(mx.float32), want.astype(mx.float32), rtol=0.05, atol=0.5).item():
                 return False
     except (RuntimeError, ValueError):
@@ -99,10 +108,7 @@ class MultiLoRALinear(nn.Module):
             return y + (self._rows.scales[rows] * z).astype(x.dtype)
         index = rows[0]
         flat = x.reshape(x.shape[0], -1, x.shape[-1])
-        if gather_mm_takes(flat.dtype):
-            z = mx.gather_mm(mx.gather_mm(flat, a, rhs_indices=index), b, rhs_indices=index)
-        else:
-            z = (flat @ a[index]) @ b[index]
+        z = (gathered_inside if gather_mm_takes(flat.dtype) else gathered_first)(flat, a, b, index)
         return y + (self._rows.row_scale(z.dtype)[:, None, None] * z).reshape(*y.shape).astype(x.dtype)
 
 

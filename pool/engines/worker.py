@@ -119,11 +119,7 @@ class EngineWorker:
                 if self.abort_load:
                     raise LoadAborted("load aborted: process memory pressure")
             except BaseException as e:  # noqa: BLE001 - reported to the waiting coroutine
-                # the traceback's frames (open_model's, _open's) hold the model: the future keeps
-                # the error, so its frames must not keep the weights
-                traceback.clear_frames(e.__traceback__)
-                self._drop_model()
-                release_memory()
+                self._let_go(e)
                 settle(loop, future, error=e)
                 return
             self._watched = self._watch()
@@ -160,10 +156,8 @@ class EngineWorker:
         log.exception("%s: the engine failed and ends", self.model_id)
         message = f"the engine failed: {type(error).__name__}: {error}"
         self._fail_in_flight(EngineError(message))
-        traceback.clear_frames(error.__traceback__)
         try:
-            self._drop_model()
-            release_memory()
+            self._let_go(error)
         except Exception:
             log.exception("%s: letting the failed engine's model go failed", self.model_id)
         stop, self._stop = self._stop, None
@@ -174,6 +168,13 @@ class EngineWorker:
                 self._loop.call_soon_threadsafe(self.on_failed, self, message)
             except RuntimeError:   # the loop has closed: the process is ending
                 pass
+
+    def _let_go(self, error: BaseException) -> None:
+        """Drop the model after `error` and give its memory back. The traceback's frames (open_model's,
+        a lane's) hold the model, and whoever keeps the error keeps them: they are cleared first."""
+        traceback.clear_frames(error.__traceback__)
+        self._drop_model()
+        release_memory()
 
     def _has_idle_work(self) -> bool:
         return bool(self._idle_jobs)
