@@ -119,7 +119,7 @@ class EngineWorker:
                 if self.abort_load:
                     raise LoadAborted("load aborted: process memory pressure")
             except BaseException as e:  # noqa: BLE001 - reported to the waiting coroutine
-                self._let_go(e)
+                self._drop_after(e)
                 settle(loop, future, error=e)
                 return
             self._watched = self._watch()
@@ -157,7 +157,7 @@ class EngineWorker:
         message = f"the engine failed: {type(error).__name__}: {error}"
         self._fail_in_flight(EngineError(message))
         try:
-            self._let_go(error)
+            self._drop_after(error)
         except Exception:
             log.exception("%s: letting the failed engine's model go failed", self.model_id)
         stop, self._stop = self._stop, None
@@ -169,7 +169,7 @@ class EngineWorker:
             except RuntimeError:   # the loop has closed: the process is ending
                 pass
 
-    def _let_go(self, error: BaseException) -> None:
+    def _drop_after(self, error: BaseException) -> None:
         """Drop the model after `error` and give its memory back. The traceback's frames (open_model's,
         a lane's) hold the model, and whoever keeps the error keeps them: they are cleared first."""
         traceback.clear_frames(error.__traceback__)
