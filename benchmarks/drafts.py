@@ -14,9 +14,10 @@ tokens; medians of --runs runs, and each side's ratio to its group's plain side.
 
 - omlx-site: one server per side (the target alone; the target with each draft, set by
   POST /admin/model/{id}/settings {"draft_model": ...} before the first request loads it). Its
-  policy (pool/policy/drafts.py) times both modes as it runs: the first request drafts, the second
-  decodes plainly, then the faster per token wins; so each omlx-site side is warmed with requests
-  enough for both modes to have MIN_TOKENS timed before the timed runs. Acceptance
+  policy (pool/policy/drafts.py) times both modes as it runs: requests draft until MIN_TOKENS were
+  timed drafting, then decode plainly until as many were timed so, then the faster per token wins (a
+  mode's first COLD_REQUESTS are not timed: they compile its kernels); so each omlx-site side is
+  warmed with requests enough for both modes to have MIN_TOKENS timed before the timed runs. Acceptance
   (draft_accepted / draft_proposed) and which requests drafted come from its request traces.
 - mlx_lm.server, with `--draft-model` (and `--num-draft-tokens`) and without.
 - raw mlx_lm.stream_generate, with draft_model= and without, in this process.
@@ -46,7 +47,7 @@ from _servers import Running, numbered_prompt, start_mlx_lm, start_omlx
 
 from omlx_site.process import setup_process
 from pool.backend import cpu_backend
-from pool.policy.drafts import MIN_TOKENS, PROBE_EVERY
+from pool.policy.drafts import COLD_REQUESTS, MIN_TOKENS, PROBE_EVERY
 
 setup_process()   # the BLAS and malloc settings, before anything imports MLX
 
@@ -131,7 +132,8 @@ def play(sides: list[Side], runs: int) -> None:
 
 def omlx_group(args, target: Path, drafts: dict[str, Path]) -> list[Side]:
     """One omlx-site per side; each result gets its trace's draft counts before the servers stop."""
-    warm = 1 + 2 * math.ceil(MIN_TOKENS / max(1, args.tokens - 1))   # the load, a drafted request, a plain one
+    # each mode: its cold requests (the first drafted one loads the model), then MIN_TOKENS timed
+    warm = 2 * (COLD_REQUESTS + math.ceil(MIN_TOKENS / max(1, args.tokens - 1)))
     sides: list[Side] = []
     try:
         for label, draft in {"": None, **drafts}.items():

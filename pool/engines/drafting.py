@@ -24,7 +24,7 @@ import mlx.core as mx
 from mlx_lm.generate import speculative_generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
-from ..policy.drafts import DraftRecord, keeps_drafting, use_draft
+from ..policy.drafts import DraftRecord, counts_rate, keeps_drafting, use_draft
 from .loading import fill_weights, open_model
 from .memory_release import release_memory
 from .protocol import LoadOptions
@@ -53,16 +53,20 @@ class Drafter:
         """A lone request's decoding ended (or left this path): its rate, its draft's acceptance."""
         rate = sequence.decode_rate() if not sequence.processors else None    # a grammar's steps cost more
         r = self.record
-        if isinstance(sequence, DraftedSequence):
-            r = replace(r, proposed=r.proposed + sequence.proposed, accepted=r.accepted + sequence.accepted)
-        if rate is not None:
+        drafted = isinstance(sequence, DraftedSequence)
+        if rate is not None and counts_rate(r, drafted=drafted):
             tokens, seconds = rate
-            if isinstance(sequence, DraftedSequence):
+            if drafted:
                 r = replace(r, drafted_seconds_per_token=_average(r.drafted_seconds_per_token, seconds / tokens),
                             drafted_tokens=r.drafted_tokens + tokens)
             else:
                 r = replace(r, plain_seconds_per_token=_average(r.plain_seconds_per_token, seconds / tokens),
                             plain_tokens=r.plain_tokens + tokens)
+        if isinstance(sequence, DraftedSequence):
+            r = replace(r, proposed=r.proposed + sequence.proposed, accepted=r.accepted + sequence.accepted,
+                        drafted_requests=r.drafted_requests + 1)
+        else:
+            r = replace(r, plain_requests=r.plain_requests + 1)
         self.record = r
 
 

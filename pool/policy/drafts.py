@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 MIN_TOKENS = 16        # a mode's rate counts once this many tokens were timed in it
 PROBE_EVERY = 8        # then one request in this many runs the other mode, to keep its rate fresh
+COLD_REQUESTS = 1      # a mode's first requests compile its kernels: their rates are not counted
 
 
 @dataclass(frozen=True)
@@ -16,6 +17,8 @@ class DraftRecord:
     plain_seconds_per_token: float | None = None
     drafted_tokens: int = 0                          # generated tokens timed in each mode
     plain_tokens: int = 0
+    drafted_requests: int = 0                        # requests that ended in each mode, the cold ones too
+    plain_requests: int = 0
     proposed: int = 0                                # draft tokens proposed and accepted, all requests
     accepted: int = 0
     requests: int = 0                                # decisions made so far
@@ -23,6 +26,14 @@ class DraftRecord:
 
 def acceptance(record: DraftRecord) -> float | None:
     return record.accepted / record.proposed if record.proposed else None
+
+
+def counts_rate(record: DraftRecord, *, drafted: bool) -> bool:
+    """Whether the rate of a request that just ended in this mode counts: not while the mode is cold
+    (on a GPU the first drafted request ran 7x slower than the next ones, compiling the draft's and
+    the verify pass's kernels, and with it counted the draft never won again)."""
+    done = record.drafted_requests if drafted else record.plain_requests
+    return done >= COLD_REQUESTS
 
 
 def use_draft(record: DraftRecord, *, min_acceptance: float) -> bool:

@@ -51,6 +51,7 @@ def test_an_agreeing_draft_has_every_token_accepted_and_changes_no_answer(stand_
     assert [text for text, _ in drafted] == [text for text, _ in plain[:2]]
     first = drafted[0][1]
     assert first.draft_proposed >= TOKENS * 3 // 4 - 3 and first.draft_accepted == first.draft_proposed
+    assert drafted[1][1].draft_proposed > 0      # the first was cold, its rate not counted: drafted again
     assert loaded.measured_bytes == 2 * loaded.model_info["draft"]["bytes"]     # the pair (the same model twice)
 
 

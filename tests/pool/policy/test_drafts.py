@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from pool.policy.drafts import MIN_TOKENS, PROBE_EVERY, DraftRecord, keeps_drafting, use_draft
+from pool.policy.drafts import (
+    COLD_REQUESTS,
+    MIN_TOKENS,
+    PROBE_EVERY,
+    DraftRecord,
+    counts_rate,
+    keeps_drafting,
+    use_draft,
+)
 
 ENOUGH = MIN_TOKENS
 
@@ -42,3 +50,13 @@ def test_use_draft(r, expected):
 ], ids=["early", "below", "above", "at-floor"])
 def test_keeps_drafting(proposed, accepted, expected):
     assert keeps_drafting(proposed, accepted, min_acceptance=0.3) is expected
+
+
+@pytest.mark.parametrize("r, drafted, expected", [
+    (DraftRecord(), True, False),                                       # the first drafted request is cold
+    (DraftRecord(drafted_requests=COLD_REQUESTS), True, True),
+    (DraftRecord(drafted_requests=COLD_REQUESTS), False, False),        # plain decoding is still cold
+    (DraftRecord(plain_requests=COLD_REQUESTS), False, True),
+], ids=["drafted-cold", "drafted-warm", "plain-cold", "plain-warm"])
+def test_counts_rate(r, drafted, expected):
+    assert counts_rate(r, drafted=drafted) is expected
