@@ -5,11 +5,16 @@ one adapter. So the base engine keeps, beside its model, a second tree over the 
 (adapter.shared_copy) whose adapted linear layers are `MultiLoRALinear`s: each holds the LoRA
 matrices of every attached adapter stacked (the ranks padded with zeros to the largest), and adds,
 row by row, scale_i * (x A_i) B_i for the adapter of that row, which is what mlx-lm's LoRALinear
-adds for one adapter; a row of the base model adds that of any adapter times 0. The rows' matrices
-are gathered inside the matmuls (`mx.gather_mm`, where the backend runs it on the dtype: MLX's CPU
-one takes float32 only) and their scales come once per model call: on a GPU a decode step is bound
-by the number of kernels it launches, and a batch of four adapters ran at 0.45x the base's speed
-with the matrices and scales gathered in every layer.
+adds for one adapter; a row of the base model adds that of any adapter times 0.
+
+A batch that mixes adapters runs every row through all the stacked A's at once (one matmul), zeroes
+each row's columns of the other adapters (a mask made once per model call) and multiplies by all the
+stacked B's: plain matmuls, on every backend and dtype, as few kernels as one adapter's update plus
+one multiply. On an H100 the first mixed batch that gathered each row's matrices inside the matmuls
+(`mx.gather_mm`) ended the engine with a CUDA "misaligned address", after which every CUDA call of the
+process fails: no trial can guard a kernel whose failure ends the process. Where the stacked ranks
+grow past half the layer's input width, stacking would cost more than the layer; each row's matrices
+are then gathered before the matmuls instead.
 
 Which adapter each row is comes from the batch object calling the model: mlx-lm's
 PromptProcessingBatch and GenerationBatch call `self.model(...)` with their rows in `self.uids`
@@ -23,7 +28,6 @@ keeps a module tree of its own (engines/adapter.py).
 
 from __future__ import annotations
 
-import functools
 import sys
 import weakref
 from typing import Any, Callable
@@ -35,33 +39,22 @@ from mlx.utils import tree_unflatten
 Layers = dict[str, tuple[mx.array, mx.array, float]]   # module path -> (lora_a, lora_b, scale)
 
 
-def gathered_inside(x: mx.array, a: mx.array, b: mx.array, index: mx.array) -> mx.array:
-    """Each row of x through its own (A, B): the matrices gathered inside the matmuls."""
-    return mx.gather_mm(mx.gather_mm(x, a, rhs_indices=index), b, rhs_indices=index)
+def masked_stack(x: mx.array, a: mx.array, b: mx.array, mask: mx.array) -> mx.array:
+    """Each row of x (rows, tokens, in) through every stacked adapter, a (in, S, r) and b (S, r, out),
+    its other adapters' columns zeroed by mask (rows, 1, S * r)."""
+    width = a.shape[1] * a.shape[2]
+    return ((x @ a.reshape(a.shape[0], width)) * mask) @ b.reshape(width, b.shape[2])
 
 
 def gathered_first(x: mx.array, a: mx.array, b: mx.array, index: mx.array) -> mx.array:
-    """The same, each row's matrices gathered before the matmuls (any backend, any dtype)."""
-    return (x @ a[index]) @ b[index]
+    """The same, each row's matrices gathered before the matmuls: (in, r) and (r, out) a row."""
+    return (x @ a[:, index].transpose(1, 0, 2)) @ b[index]
 
 
-@functools.cache
-def gather_mm_takes(dtype) -> bool:
-    """Whether this backend's gather_mm runs on `dtype` (MLX's CPU backend: float32 only) and gives what
-    gathering before the matmuls gives, tried once on a mixed batch's shapes: rows out of order, one
-    token (a decode step) and several (a prompt)."""
-    index = mx.array([2, 0, 2], mx.uint32)
-    a = mx.random.normal((3, 64, 8), key=mx.random.key(0)).astype(dtype)
-    b = mx.random.normal((3, 8, 32), key=mx.random.key(1)).astype(dtype)
-    try:
-        for tokens in (1, 5):
-            x = mx.random.normal((3, tokens, 64), key=mx.random.key(tokens)).astype(dtype)
-            got, want = gathered_inside(x, a, b, index), gathered_first(x, a, b, index)
-            if not mx.allclose(got.astype(mx.float32), want.astype(mx.float32), rtol=0.05, atol=0.5).item():
-                return False
-    except (RuntimeError, ValueError):
-        return False
-    return True
+def stacking_pays(width: int, inputs: int) -> bool:
+    """Whether a mixed batch goes through every stacked adapter (`width` = adapters x rank) rather
+    than gathering each row's: while that adds at most half the work of the layer itself."""
+    return 2 * width <= inputs
 
 
 class Rows:
@@ -76,6 +69,15 @@ class Rows:
     def forget(self) -> None:
         self._typed = {}
 
+    def mask(self, slots: int, rank: int, dtype) -> mx.array:
+        """(rows, 1, slots * rank): 1 in each row's own adapter's columns, 0 elsewhere."""
+        assert isinstance(self.current, tuple)
+        if (slots, rank, dtype) not in self._typed:
+            column_slot = mx.arange(slots * rank) // rank
+            own = column_slot[None, :] == self.current[0][:, None].astype(column_slot.dtype)
+            self._typed[slots, rank, dtype] = own.astype(dtype)[:, None, :]
+        return self._typed[slots, rank, dtype]
+
     def row_scale(self, dtype) -> mx.array:
         assert isinstance(self.current, tuple)
         if dtype not in self._typed:
@@ -88,7 +90,7 @@ class MultiLoRALinear(nn.Module):
         super().__init__()
         self.linear = linear
         object.__setattr__(self, "_rows", rows)
-        object.__setattr__(self, "_stack", None)   # (A: (S, in, r), B: (S, r, out)): not parameters
+        object.__setattr__(self, "_stack", None)   # (A: (in, S, r), B: (S, r, out)): not parameters
 
     def set_stack(self, a: mx.array, b: mx.array) -> None:
         object.__setattr__(self, "_stack", (a, b))
@@ -104,11 +106,14 @@ class MultiLoRALinear(nn.Module):
             return y
         a, b = self._stack
         if isinstance(rows, int):       # what mlx-lm's LoRALinear computes, to the bit
-            z = (x @ a[rows]) @ b[rows]
+            z = (x @ a[:, rows]) @ b[rows]
             return y + (self._rows.scales[rows] * z).astype(x.dtype)
-        index = rows[0]
         flat = x.reshape(x.shape[0], -1, x.shape[-1])
-        z = (gathered_inside if gather_mm_takes(flat.dtype) else gathered_first)(flat, a, b, index)
+        inputs, slots, rank = a.shape
+        if stacking_pays(slots * rank, inputs):
+            z = masked_stack(flat, a, b, self._rows.mask(slots, rank, flat.dtype))
+        else:
+            z = gathered_first(flat, a, b, rows[0])
         return y + (self._rows.row_scale(z.dtype)[:, None, None] * z).reshape(*y.shape).astype(x.dtype)
 
 
@@ -145,9 +150,9 @@ class AdapterSet:
                 new_a, new_b, own = layers[path]
                 new_b = new_b if own == scale else (new_b * (own / scale)).astype(new_b.dtype)
             else:
-                new_a, new_b = mx.zeros((a.shape[1], 1), a.dtype), mx.zeros((1, b.shape[2]), b.dtype)
+                new_a, new_b = mx.zeros((a.shape[0], 1), a.dtype), mx.zeros((1, b.shape[2]), b.dtype)
             rank = max(a.shape[2], new_a.shape[1])
-            a = mx.concatenate([_pad(a, 2, rank), _pad(new_a, 1, rank)[None].astype(a.dtype)])
+            a = mx.concatenate([_pad(a, 2, rank), _pad(new_a, 1, rank)[:, None].astype(a.dtype)], axis=1)
             b = mx.concatenate([_pad(b, 1, rank), _pad(new_b, 0, rank)[None].astype(b.dtype)])
             layer.set_stack(a, b)
         self._order.append(adapter_id)
@@ -162,7 +167,7 @@ class AdapterSet:
         keep = mx.array([i for i in range(len(self._order)) if i != at], mx.int32)
         for layer in self._layers.values():
             a, b = layer.stack
-            layer.set_stack(a[keep], b[keep])
+            layer.set_stack(a[:, keep], b[keep])
         del self._order[at], self._scales[at]
         mx.eval([t for layer in self._layers.values() for t in layer.stack])
 
@@ -178,7 +183,7 @@ class AdapterSet:
                 continue
             layer = MultiLoRALinear(modules[path], self.rows)
             slots = len(self._order)
-            layer.set_stack(mx.zeros((slots, lora_a.shape[0], 1), lora_a.dtype),
+            layer.set_stack(mx.zeros((lora_a.shape[0], slots, 1), lora_a.dtype),
                             mx.zeros((slots, 1, lora_b.shape[1]), lora_b.dtype))
             new[path] = layer
         if new:

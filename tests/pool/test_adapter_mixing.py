@@ -18,10 +18,9 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.tuner.lora import LoRALinear
 
-from pool.backend import cpu_backend
 from pool.engines.adapter import AdapterEngine
 from pool.engines.generator import TextEngine
-from pool.engines.multi_lora import AdapterSet, Fixed, gather_mm_takes
+from pool.engines.multi_lora import AdapterSet, Fixed, Rows, gathered_first, masked_stack, stacking_pays
 from pool.engines.protocol import RequestAborted, SamplingParams
 
 TOKENS = 12
@@ -67,11 +66,23 @@ def test_each_row_adds_its_own_adapters_update(dtype):
     assert adapters.nbytes == two.lora_a.nbytes + two.lora_b.nbytes
 
 
-@pytest.mark.skipif(not cpu_backend(), reason="MLX's CPU backend")
-def test_the_gather_mm_trial_takes_what_the_cpu_runs_and_refuses_the_rest():
-    """The trial (a mixed batch's shapes, compared with gathering first) passes float32 on the CPU,
-    so mixed batches gather inside the matmuls there, and refuses bfloat16, which CPU gather_mm lacks."""
-    assert gather_mm_takes(mx.float32) and not gather_mm_takes(mx.bfloat16)
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_both_ways_of_mixing_give_each_row_its_own_adapters_update(dtype):
+    """The stacked product under the mask and gathering each row's matrices first agree, rows out of
+    order, one token (a decode step) and several (a prompt); which one runs is stacking_pays'."""
+    slots, rank, inputs, outputs = 3, 4, 32, 24
+    a = mx.random.normal((inputs, slots, rank), key=mx.random.key(0)).astype(dtype)
+    b = mx.random.normal((slots, rank, outputs), key=mx.random.key(1)).astype(dtype)
+    index = mx.array([2, 0, 2], mx.uint32)
+    rows = Rows()
+    rows.current = (index, mx.ones((3,)))
+    tol = 1e-4 if dtype == mx.float32 else 5e-2
+    for tokens in (1, 5):
+        x = mx.random.normal((3, tokens, inputs), key=mx.random.key(tokens)).astype(dtype)
+        want = mx.stack([x[i] @ a[:, s] @ b[s] for i, s in enumerate(index.tolist())])
+        for got in (masked_stack(x, a, b, rows.mask(slots, rank, dtype)), gathered_first(x, a, b, index)):
+            assert mx.allclose(got.astype(mx.float32), want.astype(mx.float32), rtol=tol, atol=tol * 10)
+    assert stacking_pays(16 * 8, 2048) and not stacking_pays(64 * 64, 2048)
 
 
 class Two(nn.Module):
