@@ -14,8 +14,7 @@ dropped: the format's markup is never content (the finish reason, "length", tell
 from __future__ import annotations
 
 import json
-
-from mlx_lm.generate import TextStateMachine
+from typing import Any
 
 from .calls import Delta, ToolCall, new_call_id
 from .formats import ToolFormat
@@ -36,6 +35,11 @@ class ToolStream:
         self._names = {t["function"]["name"] for t in tools} if tools else None
         self._parallel = parallel
         transitions = {NORMAL: [(fmt.start, TOOL)], TOOL: [(fmt.end, NORMAL)] if fmt.end else []}
+        # imported here: mlx-lm brings transformers (over a second of a server's start), wanted only
+        # once a model answers
+        from mlx_lm.generate import TextStateMachine
+
+        self._machine: Any = TextStateMachine
         self._state = TextStateMachine(transitions).make_state(NORMAL)
         self._call = ""           # text of the call being read
         self._held = ""           # trailing whitespace of the content, until text follows
@@ -46,7 +50,7 @@ class ToolStream:
     def feed(self, text: str) -> list[Delta]:
         if not text:
             return []
-        self._state, segments = TextStateMachine.split(self._state, text)
+        self._state, segments = self._machine.split(self._state, text)
         out: list[Delta] = []
         for k, (state, piece) in enumerate(segments):
             if k:   # a marker between segments: a call starts (after normal) or ends (after tool)
@@ -64,7 +68,7 @@ class ToolStream:
         """The rest: a held-back partial marker is content; an unended call is parsed as it is
         (formats whose calls run to the end of the answer, or an answer cut by max_tokens), and
         dropped when it does not parse and its format has an end marker."""
-        self._state, rest, state = TextStateMachine.flush(self._state)
+        self._state, rest, state = self._machine.flush(self._state)
         out: list[Delta] = []
         if state == TOOL:
             self._call += rest
