@@ -93,8 +93,8 @@ class Running:
                     reply.read(line)
         except (httpx.HTTPError, json.JSONDecodeError) as e:
             return {"error": f"{type(e).__name__}: {e}"}
-        if not reply.times or not reply.usage:
-            return {"error": "the stream ended without tokens or usage"}
+        if reply.error or not reply.times or not reply.usage:
+            return {"error": reply.error or "the stream ended without tokens or usage"}
         return reply.done()
 
     def post(self, path: str, **body) -> dict:
@@ -109,11 +109,14 @@ class StreamReply:
     def __init__(self):
         self.started, self.times, self.parts, self.usage = time.perf_counter(), [], [], {}
         self.request_id: str | None = None     # omlx-site's trace of it (x-omlx-request-id)
+        self.error: str | None = None          # the message of an error event that ended the stream
 
     def read(self, line: str) -> None:
         if not line.startswith("data: {"):
             return
         chunk = json.loads(line[6:])
+        if isinstance(chunk.get("error"), dict):
+            self.error = f"{chunk['error'].get('type')}: {chunk['error'].get('message')}"
         if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
             self.times.append(time.perf_counter())
             self.parts.append(chunk["choices"][0]["delta"]["content"])
