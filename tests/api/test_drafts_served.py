@@ -7,12 +7,13 @@ and an unload lets go of both."""
 from tests.conftest import DEMO
 from tests.pool.test_commands import manage
 
-DRAFT = "demo-draft"      # the demo's own folder again: a draft that always agrees
+STAND_IN_DEMO = True       # the demo's name over a two-layer random llama: answers only compare with answers
+DRAFT = "demo-draft"      # the served model's own folder again: a draft that always agrees
 QUESTION = [{"role": "user", "content": "Tell me about the sea."}]
 
 
-def test_a_draft_set_with_manage_py_serves_and_is_traced(start_server, demo_model_dir):
-    server = start_server({DRAFT: demo_model_dir}, OMLX_API_KEY="sekret")
+def test_a_draft_set_with_manage_py_serves_and_is_traced(start_server, stand_in_demo_dir):
+    server = start_server({DRAFT: stand_in_demo_dir}, OMLX_API_KEY="sekret")
     plain = server.chat(DEMO, messages=QUESTION, max_tokens=24, temperature=0).json()
     alone_bytes = server.model(DEMO)["measured_bytes"]
     assert server.post(f"/api/models/{DEMO}/unload", {}).status_code == 200
@@ -52,23 +53,28 @@ def test_a_model_cannot_be_its_own_draft(start_server):
     assert done.returncode != 0 and "its own draft" in done.stderr
 
 
-def test_with_a_draft_constraints_logprobs_and_stops_answer_as_without(start_server, demo_model_dir):
-    """Structured output (a grammar: never drafted), logprobs and a stop string, each as the same
-    model without a draft answers."""
+def test_with_a_draft_constraints_logprobs_and_stops_answer_as_without(start_server, stand_in_demo_dir):
+    """Structured output (a grammar: never drafted), logprobs and a stop string (a word from the
+    middle of the answer, so that it stops it), each as the same model without a draft answers."""
     plain = start_server()
-    drafted = start_server({DRAFT: demo_model_dir})
+    drafted = start_server({DRAFT: stand_in_demo_dir})
     assert drafted.post(f"/admin/model/{DEMO}/settings", {"draft_model": DRAFT}).status_code == 200
     schema = {"type": "object", "properties": {"sea": {"type": "string"}}, "required": ["sea"]}
     bodies = [
         {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}},
         {"logprobs": True, "top_logprobs": 2},
-        {"stop": ["sea"]},
     ]
+    whole = plain.chat(DEMO, messages=QUESTION, max_tokens=20, temperature=0).json()["choices"][0]["message"]["content"]
+    stop = whole[len(whole) // 2:][:4]
+    bodies.append({"stop": [stop]})
     for body in bodies:
         a = plain.chat(DEMO, messages=QUESTION, max_tokens=20, temperature=0, **body)
         b = drafted.chat(DEMO, messages=QUESTION, max_tokens=20, temperature=0, **body)
         assert a.status_code == b.status_code == 200, b.text
         assert b.json()["choices"][0]["message"] == a.json()["choices"][0]["message"], body
+        if "stop" in body:
+            choice = b.json()["choices"][0]
+            assert choice["finish_reason"] == "stop" and stop not in choice["message"]["content"]
         if "logprobs" in body:
             tokens = [(t["token"], round(t["logprob"], 3)) for t in b.json()["choices"][0]["logprobs"]["content"]]
             assert tokens == [(t["token"], round(t["logprob"], 3))
