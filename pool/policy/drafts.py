@@ -37,9 +37,9 @@ def counts_rate(record: DraftRecord, *, drafted: bool) -> bool:
 
 
 def use_draft(record: DraftRecord, *, min_acceptance: float) -> bool:
-    """Draft for the next request? First the draft is tried, then plain decoding once, then the
-    faster per token; one request in PROBE_EVERY runs the slower mode. Below `min_acceptance` the
-    draft is used only for those probes."""
+    """Draft for the next request? First the draft is tried, then plain decoding, each until
+    MIN_TOKENS were timed in it (counts_rate), then the faster per token; one request in PROBE_EVERY
+    runs the slower mode. Below `min_acceptance` the draft is used only for those probes."""
     probe = record.requests % PROBE_EVERY == PROBE_EVERY - 1
     rate = acceptance(record)
     if record.proposed >= MIN_TOKENS and rate is not None and rate < min_acceptance:
