@@ -15,6 +15,7 @@ from pool.policy.kv import KVConfig
 from tests.conftest import as_the_pool_loads
 
 DEMO = "smollm2-135m-instruct"
+STAND_IN_DEMO = True     # the servers serve the demo's two-layer stand-in: their answers compare with their own
 
 
 @pytest.fixture(scope="module")
