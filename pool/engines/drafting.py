@@ -53,19 +53,16 @@ class Drafter:
         """A lone request's decoding ended (or left this path): its rate, its draft's acceptance."""
         rate = sequence.decode_rate() if not sequence.processors else None    # a grammar's steps cost more
         r = self.record
-        drafted = isinstance(sequence, DraftedSequence)
-        if rate is not None and counts_rate(r, drafted=drafted):
-            tokens, seconds = rate
-            if drafted:
-                r = replace(r, drafted_seconds_per_token=_average(r.drafted_seconds_per_token, seconds / tokens),
-                            drafted_tokens=r.drafted_tokens + tokens)
-            else:
-                r = replace(r, plain_seconds_per_token=_average(r.plain_seconds_per_token, seconds / tokens),
-                            plain_tokens=r.plain_tokens + tokens)
         if isinstance(sequence, DraftedSequence):
+            if rate is not None and counts_rate(r, drafted=True):
+                r = replace(r, drafted_seconds_per_token=_average(r.drafted_seconds_per_token, rate[1] / rate[0]),
+                            drafted_tokens=r.drafted_tokens + rate[0])
             r = replace(r, proposed=r.proposed + sequence.proposed, accepted=r.accepted + sequence.accepted,
                         drafted_requests=r.drafted_requests + 1)
         else:
+            if rate is not None and counts_rate(r, drafted=False):
+                r = replace(r, plain_seconds_per_token=_average(r.plain_seconds_per_token, rate[1] / rate[0]),
+                            plain_tokens=r.plain_tokens + rate[0])
             r = replace(r, plain_requests=r.plain_requests + 1)
         self.record = r
 

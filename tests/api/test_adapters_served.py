@@ -21,17 +21,20 @@ def mlx_lm_answer(base, adapter, tokens: int = 12) -> str:
     return generate(model, tokenizer, prompt, max_tokens=tokens)
 
 
+def pirate_and_poet(make_adapter, base, prefix: str = "") -> dict:
+    """The two adapters over `base`, by the names they are served under (built once per run as prefix + name)."""
+    return {name: make_adapter(prefix + name, base, seed=seed) for name, seed in (("pirate", 1), ("poet", 2))}
+
+
 @pytest.fixture
 def adapters(make_adapter, demo_model_dir):
-    return {name: make_adapter(name, demo_model_dir, seed=seed) for name, seed in (("pirate", 1), ("poet", 2))}
+    return pirate_and_poet(make_adapter, demo_model_dir)
 
 
 @pytest.fixture
 def stand_in(make_adapter, stand_in_demo_dir) -> dict:
     """The demo's name over its two-layer stand-in, and adapters over that: raw mlx-lm reads it 20x faster."""
-    made = {name: make_adapter(f"stand-in-{name}", stand_in_demo_dir, seed=seed)
-            for name, seed in (("pirate", 1), ("poet", 2))}
-    return {DEMO: stand_in_demo_dir, **made}
+    return {DEMO: stand_in_demo_dir, **pirate_and_poet(make_adapter, stand_in_demo_dir, "stand-in-")}
 
 
 def test_adapters_are_listed_with_their_base(start_server, adapters):
@@ -51,15 +54,15 @@ def test_each_adapter_answers_as_mlx_lm_loads_it_through_the_clients(start_serve
     import ollama
 
     server = start_server(stand_in)
-    base, adapters = stand_in[DEMO], stand_in
+    base = stand_in[DEMO]
     client = server.openai()
     answers = {}
     for name in (DEMO, PIRATE, POET):
         reply = client.chat.completions.create(model=name, messages=QUESTION, max_tokens=12, temperature=0)
         answers[name] = reply.choices[0].message.content
     assert answers[DEMO] == mlx_lm_answer(base, None)
-    assert answers[PIRATE] == mlx_lm_answer(base, adapters["pirate"])
-    assert answers[POET] == mlx_lm_answer(base, adapters["poet"])
+    assert answers[PIRATE] == mlx_lm_answer(base, stand_in["pirate"])
+    assert answers[POET] == mlx_lm_answer(base, stand_in["poet"])
     assert len(set(answers.values())) == 3          # the adapters change the answer: a mix-up would show
     native = ollama.Client(host=server.url).chat(model=PIRATE, messages=QUESTION,
                                                  options={"num_predict": 12, "temperature": 0})
